@@ -1,0 +1,1 @@
+"""Pipeline steps (flows/ -> tasks/ -> trainlib/)."""

@@ -1,0 +1,46 @@
+"""trainlib: distributed PyTorch training with Ray Train's API, on Ray Core and torch.distributed.
+
+Example:
+    >>> import trainlib
+    >>> from trainlib.torch import TorchTrainer
+    >>> result = TorchTrainer(train_func, scaling_config=trainlib.ScalingConfig(num_workers=2)).fit()
+"""
+
+from trainlib._internal.api import get_checkpoint, get_context, report
+from trainlib._internal.callbacks import Callback, ReportRecord, RunInfo
+from trainlib._internal.checkpoint import Checkpoint
+from trainlib._internal.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from trainlib._internal.errors import (
+    ResourcesUnavailableError,
+    RunExistsError,
+    StorageError,
+    TrainingFailedError,
+    TrainlibError,
+    WorkerError,
+)
+from trainlib._internal.result import Result
+from trainlib._internal.session import TrainContext
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Callback",
+    "Checkpoint",
+    "CheckpointConfig",
+    "FailureConfig",
+    "ReportRecord",
+    "ResourcesUnavailableError",
+    "Result",
+    "RunConfig",
+    "RunExistsError",
+    "RunInfo",
+    "ScalingConfig",
+    "StorageError",
+    "TrainContext",
+    "TrainingFailedError",
+    "TrainlibError",
+    "WorkerError",
+    "get_checkpoint",
+    "get_context",
+    "report",
+]

@@ -1,0 +1,61 @@
+"""Driver-side callbacks: typed hooks around one training run. Runs on the driver only.
+
+A callback sees the run from the driver, so there is one of it per run
+whatever the world size. ``before_run`` may raise to stop the run before any
+worker starts (e.g. tracking server unreachable); errors in the other hooks
+are logged and never fail training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainlib._internal.checkpoint import Checkpoint
+    from trainlib._internal.errors import WorkerError
+    from trainlib._internal.result import Result
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+    """What a callback knows about the run."""
+
+    name: str
+    path: str  # the run folder's URL
+    world_size: int
+    use_gpu: bool
+    train_loop_config: dict[str, Any] | None
+    scaling_config: dict[str, Any]
+    resumed_from: str | None  # the checkpoint the run started from, if any
+    state: dict[str, Any]  # the run's persisted state (callbacks may keep ids in ``state["callbacks"]``)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportRecord:
+    """One committed report: rank 0's metrics, and the checkpoint if one was reported."""
+
+    step: int
+    metrics: dict[str, Any]
+    checkpoint: "Checkpoint | None"
+    attempt: int
+    reported_at: float
+
+
+class Callback:
+    """Base class for driver-side callbacks; override the hooks you need."""
+
+    def before_run(self, run: RunInfo) -> None:
+        """Before any worker starts. Raising here stops the run."""
+
+    def after_report(self, run: RunInfo, report: ReportRecord) -> None:
+        """After a report of all ranks was committed (checkpoint durable)."""
+
+    def after_checkpoint_deleted(self, run: RunInfo, checkpoint: "Checkpoint") -> None:
+        """After retention deleted a checkpoint."""
+
+    def after_failure(self, run: RunInfo, failure: "WorkerError", will_restart: bool) -> None:
+        """After a worker failure, before the group restarts or the run fails."""
+
+    def after_run(self, run: RunInfo, result: "Result") -> None:
+        """After the run ended; ``result.error`` is set when it failed."""

@@ -1,0 +1,93 @@
+"""``Checkpoint``: a folder of files on some filesystem. Used on the driver and in workers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from typing import Any, Iterator
+
+import fsspec
+
+from trainlib._internal.storage import COMMIT_MARKER, is_local_filesystem, with_retries
+
+
+class Checkpoint:
+    """A folder of checkpoint files, local or in run storage.
+
+    In a worker, make one from a local folder and pass it to ``trainlib.report``;
+    the driver hands committed ones back through ``Result.checkpoint`` and
+    ``trainlib.get_checkpoint()``.
+
+    Args:
+        path: the folder, as a path inside ``filesystem``.
+        filesystem: an fsspec filesystem; ``None`` means the local disk.
+
+    Example:
+        >>> with result.checkpoint.as_directory() as folder:
+        ...     state = torch.load(os.path.join(folder, "model.pt"))
+    """
+
+    def __init__(self, path: str | os.PathLike, filesystem: fsspec.AbstractFileSystem | None = None):
+        self.filesystem = filesystem or fsspec.filesystem("file")
+        self.path = os.fspath(path)
+
+    @classmethod
+    def from_directory(cls, path: str | os.PathLike) -> "Checkpoint":
+        """A checkpoint of the local folder ``path`` (as in a worker before ``report``)."""
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise ValueError(
+                f"Checkpoint.from_directory({path!r}): no such folder. Save the checkpoint files into a "
+                "folder first, then pass that folder."
+            )
+        return cls(os.path.abspath(path))
+
+    @property
+    def is_local(self) -> bool:
+        return is_local_filesystem(self.filesystem)
+
+    @property
+    def uri(self) -> str:
+        """The checkpoint's URL (a plain path on local disk)."""
+        return self.path if self.is_local else self.filesystem.unstrip_protocol(self.path)
+
+    def to_directory(self, path: str | os.PathLike | None = None) -> str:
+        """Copy the checkpoint's files into local folder ``path`` (a new temp folder by default)."""
+        dest = os.fspath(path) if path is not None else tempfile.mkdtemp(prefix="trainlib_checkpoint_")
+        os.makedirs(dest, exist_ok=True)
+        if self.is_local:
+            shutil.copytree(self.path, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(COMMIT_MARKER))
+        else:
+            src = self.path.rstrip("/") + "/"
+            with_retries(f"downloading {self.uri}", lambda: self.filesystem.get(src, dest + "/", recursive=True))
+            marker = os.path.join(dest, COMMIT_MARKER)
+            if os.path.exists(marker):
+                os.remove(marker)
+        return dest
+
+    @contextlib.contextmanager
+    def as_directory(self) -> Iterator[str]:
+        """A local folder with the checkpoint's files, for the duration of the ``with`` block.
+
+        Local checkpoints are read in place (treat the folder as read-only);
+        remote ones are downloaded to a temporary folder, deleted afterwards.
+        """
+        if self.is_local:
+            yield self.path
+            return
+        dest = self.to_directory()
+        try:
+            yield dest
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(path={self.uri!r})"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Checkpoint) and other.uri == self.uri
+
+    def __hash__(self) -> int:
+        return hash(self.uri)

@@ -1,0 +1,227 @@
+"""User-facing configuration dataclasses. Built on the driver, read by workers.
+
+Each config validates itself on construction and raises ``ValueError`` or
+``TypeError`` naming the field, the bad value and the fix, so bad input fails
+before any process starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, Literal
+
+_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def _require_number(owner: str, field: str, value: Any, *, minimum: float, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{owner}.{field} must be a number, got {value!r} ({type(value).__name__}). {fix}")
+    if value < minimum:
+        raise ValueError(f"{owner}.{field}={value!r} is invalid: {fix}")
+
+
+@dataclasses.dataclass
+class ScalingConfig:
+    """How many workers to run and what each one holds.
+
+    Args:
+        num_workers: number of training workers (one process each, one rank each).
+        use_gpu: give each worker one GPU (unless ``resources_per_worker`` says
+            otherwise) and use the nccl backend.
+        resources_per_worker: Ray resources per worker, e.g. ``{"CPU": 2, "GPU": 1}``.
+            Defaults to 1 CPU (plus 1 GPU with ``use_gpu``).
+        placement_strategy: Ray placement-group strategy: PACK, SPREAD,
+            STRICT_PACK or STRICT_SPREAD.
+        placement_timeout_s: how long to wait for the cluster to grant the
+            workers' resources before failing. A request the cluster can never
+            hold fails at once, without waiting.
+
+    Example:
+        >>> ScalingConfig(num_workers=2, use_gpu=False)
+    """
+
+    num_workers: int = 1
+    use_gpu: bool = False
+    resources_per_worker: dict[str, float] | None = None
+    placement_strategy: str = "PACK"
+    placement_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int):
+            raise TypeError(
+                f"ScalingConfig.num_workers must be an int, got {self.num_workers!r}. "
+                "Pass the number of training workers, e.g. ScalingConfig(num_workers=2)."
+            )
+        if self.num_workers < 1:
+            raise ValueError(
+                f"ScalingConfig.num_workers={self.num_workers} is invalid: at least 1 worker is "
+                "needed, e.g. ScalingConfig(num_workers=2)."
+            )
+        if not isinstance(self.use_gpu, bool):
+            raise TypeError(f"ScalingConfig.use_gpu must be True or False, got {self.use_gpu!r}.")
+        if self.resources_per_worker is not None:
+            if not isinstance(self.resources_per_worker, dict):
+                raise TypeError(
+                    "ScalingConfig.resources_per_worker must be a dict such as "
+                    f"{{'CPU': 2, 'GPU': 1}}, got {self.resources_per_worker!r}."
+                )
+            for key, amount in self.resources_per_worker.items():
+                if not isinstance(key, str):
+                    raise TypeError(f"ScalingConfig.resources_per_worker keys must be resource names, got {key!r}.")
+                _require_number("ScalingConfig", f"resources_per_worker[{key!r}]", amount, minimum=0,
+                                fix="use a non-negative amount, e.g. {'CPU': 1}.")
+            if self.resources_per_worker.get("GPU", 0) > 0 and not self.use_gpu:
+                raise ValueError(
+                    f"ScalingConfig.resources_per_worker asks for GPUs ({self.resources_per_worker}) "
+                    "but use_gpu=False: set use_gpu=True, or drop 'GPU' from resources_per_worker."
+                )
+        if self.placement_strategy not in _PLACEMENT_STRATEGIES:
+            raise ValueError(
+                f"ScalingConfig.placement_strategy={self.placement_strategy!r} is invalid: use one of "
+                f"{', '.join(_PLACEMENT_STRATEGIES)}."
+            )
+        _require_number("ScalingConfig", "placement_timeout_s", self.placement_timeout_s, minimum=0.1,
+                        fix="use a positive number of seconds, e.g. 120.")
+
+    @property
+    def worker_resources(self) -> dict[str, float]:
+        """The Ray resources one worker reserves (CPU and GPU included)."""
+        resources = dict(self.resources_per_worker or {})
+        resources.setdefault("CPU", 1)
+        if self.use_gpu:
+            resources.setdefault("GPU", 1)
+        return {k: float(v) for k, v in resources.items() if v}
+
+    @property
+    def total_resources(self) -> dict[str, float]:
+        """The Ray resources the whole worker group reserves."""
+        return {k: v * self.num_workers for k, v in self.worker_resources.items()}
+
+
+@dataclasses.dataclass
+class CheckpointConfig:
+    """Which committed checkpoints to keep.
+
+    Args:
+        num_to_keep: keep at most this many checkpoints (``None`` keeps all).
+            The latest checkpoint is always kept, so a run can always resume.
+        checkpoint_score_attribute: the reported metric that ranks checkpoints;
+            ``None`` ranks them by recency (keep the latest N).
+        checkpoint_score_order: ``"max"`` (higher is better) or ``"min"``.
+
+    Example:
+        >>> CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="accuracy")
+    """
+
+    num_to_keep: int | None = None
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: Literal["max", "min"] = "max"
+
+    def __post_init__(self) -> None:
+        if self.num_to_keep is not None:
+            if isinstance(self.num_to_keep, bool) or not isinstance(self.num_to_keep, int) or self.num_to_keep < 1:
+                raise ValueError(
+                    f"CheckpointConfig.num_to_keep={self.num_to_keep!r} is invalid: use a positive int, "
+                    "or None to keep every checkpoint."
+                )
+        if self.checkpoint_score_attribute is not None and not isinstance(self.checkpoint_score_attribute, str):
+            raise TypeError(
+                "CheckpointConfig.checkpoint_score_attribute must be the name of a reported metric, "
+                f"got {self.checkpoint_score_attribute!r}."
+            )
+        if self.checkpoint_score_order not in ("max", "min"):
+            raise ValueError(
+                f"CheckpointConfig.checkpoint_score_order={self.checkpoint_score_order!r} is invalid: "
+                "use 'max' (higher is better) or 'min'."
+            )
+
+
+@dataclasses.dataclass
+class FailureConfig:
+    """How many times a failed worker group is restarted.
+
+    Args:
+        max_failures: restarts allowed from the latest committed checkpoint
+            after a worker raises or dies; 0 fails at the first failure, -1
+            restarts without limit.
+
+    Example:
+        >>> FailureConfig(max_failures=2)
+    """
+
+    max_failures: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_failures, bool) or not isinstance(self.max_failures, int) or self.max_failures < -1:
+            raise ValueError(
+                f"FailureConfig.max_failures={self.max_failures!r} is invalid: use 0 (no restarts), "
+                "a positive int, or -1 for unlimited restarts."
+            )
+
+
+IF_EXISTS_CHOICES = ("resume", "overwrite", "error")
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """Where a run keeps its results and how it behaves.
+
+    Args:
+        name: the run's folder name under ``storage_path``. Defaults to a new
+            unique name, so runs never clash by accident.
+        storage_path: a local folder or any fsspec URL (``s3://bucket/prefix``,
+            ``file:///mnt/nfs/runs``). Defaults to ``~/trainlib_results``. With
+            more than one node it must be shared storage.
+        storage_filesystem: an ``fsspec`` filesystem to use instead of the one
+            the URL implies.
+        storage_options: keyword arguments for the fsspec filesystem (endpoint,
+            credentials, ...). Never logged or written to storage.
+        checkpoint_config: checkpoint retention, see :class:`CheckpointConfig`.
+        failure_config: restarts on failure, see :class:`FailureConfig`.
+        callbacks: driver-side callbacks (for instance ``trainlib.mlflow.MLflowLogger``).
+        if_exists: what to do when ``storage_path/name`` holds a run already.
+            ``"resume"`` (default) continues an unfinished run from its latest
+            committed checkpoint and refuses a finished one; ``"overwrite"``
+            deletes the old run first; ``"error"`` refuses any existing run.
+        verbose: print a line per report and per restart on the driver.
+
+    Example:
+        >>> RunConfig(name="fashion", storage_path="s3://bucket/runs")
+    """
+
+    name: str | None = None
+    storage_path: str | os.PathLike | None = None
+    storage_filesystem: Any = None
+    storage_options: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
+    checkpoint_config: CheckpointConfig | None = None
+    failure_config: FailureConfig | None = None
+    callbacks: list[Any] | None = None
+    if_exists: Literal["resume", "overwrite", "error"] = "resume"
+    verbose: bool = True
+
+    def __post_init__(self) -> None:
+        if self.name is not None and (not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name)):
+            raise ValueError(
+                f"RunConfig.name={self.name!r} is invalid: use letters, digits, '.', '_' or '-' "
+                "(it becomes a folder name), e.g. RunConfig(name='fashion-mnist')."
+            )
+        if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):
+            raise TypeError(
+                f"RunConfig.storage_path must be a path or URL string, got {type(self.storage_path).__name__}."
+            )
+        if self.storage_options is not None and not isinstance(self.storage_options, dict):
+            raise TypeError("RunConfig.storage_options must be a dict of fsspec filesystem options.")
+        self.checkpoint_config = self.checkpoint_config or CheckpointConfig()
+        self.failure_config = self.failure_config or FailureConfig()
+        if not isinstance(self.checkpoint_config, CheckpointConfig):
+            raise TypeError("RunConfig.checkpoint_config must be a trainlib.CheckpointConfig.")
+        if not isinstance(self.failure_config, FailureConfig):
+            raise TypeError("RunConfig.failure_config must be a trainlib.FailureConfig.")
+        self.callbacks = list(self.callbacks or [])
+        if self.if_exists not in IF_EXISTS_CHOICES:
+            raise ValueError(
+                f"RunConfig.if_exists={self.if_exists!r} is invalid: use one of {', '.join(IF_EXISTS_CHOICES)}."
+            )

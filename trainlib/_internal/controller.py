@@ -1,0 +1,248 @@
+"""The run controller: a small state machine over worker-group attempts. Runs on the driver only.
+
+    SCHEDULING -> RUNNING -> FINISHED
+                     |
+                     v  (a worker raised or died)
+                 RESTARTING -> SCHEDULING ...   while FailurePolicy allows
+                     |
+                     v
+                  ERRORED
+
+The controller gathers each report from all ranks, commits its checkpoint
+(marker written last), appends the metrics log, applies retention and calls
+the callbacks. It talks to workers only through a worker group (``WorkerGroup``
+protocol), so tests can swap in a fake group and test the failure logic without a cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+from typing import Any, Callable, Protocol
+
+import cloudpickle
+
+from trainlib._internal.callbacks import Callback, ReportRecord, RunInfo
+from trainlib._internal.checkpoint import Checkpoint
+from trainlib._internal.config import CheckpointConfig, FailureConfig
+from trainlib._internal.errors import StorageError, TrainingFailedError, WorkerError
+from trainlib._internal.retention import checkpoints_to_delete, warn_if_unscored
+from trainlib._internal.session import DONE, ERROR, REPORT
+from trainlib._internal.storage import CommittedCheckpoint, RunStorage, checkpoint_dir_name
+
+logger = logging.getLogger("trainlib")
+
+FLUSH_AFTER_FAILURE_S = 30.0
+
+
+class RunState(enum.Enum):
+    SCHEDULING = "SCHEDULING"
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"
+    FINISHED = "FINISHED"
+    ERRORED = "ERRORED"
+
+
+class WorkerGroup(Protocol):
+    plan: Any
+
+    def start_actors(self) -> None: ...
+    def placements(self) -> list[dict[str, Any]]: ...
+    def start(self, train_func: Callable, config: dict | None, experiment_name: str, storage: RunStorage,
+              checkpoint: Checkpoint | None, first_step: int, attempt: int) -> Any: ...
+    def wait(self) -> list[tuple[int, tuple]]: ...
+    def flush(self, timeout: float) -> list[tuple[int, tuple]]: ...
+    def shutdown(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class FailurePolicy:
+    """Decides, after each failure, whether the group restarts."""
+
+    max_failures: int
+
+    def should_restart(self, failures_so_far: int) -> bool:
+        return self.max_failures < 0 or failures_so_far <= self.max_failures
+
+
+@dataclasses.dataclass
+class _RankReport:
+    metrics: dict[str, Any]
+    manifest: dict[str, int] | None
+    reported_at: float
+
+
+class Controller:
+    """Runs attempts of a worker group until the training function finishes on every rank."""
+
+    def __init__(self, *, train_func: Callable, train_loop_config: dict | None, storage: RunStorage,
+                 make_worker_group: Callable[[], WorkerGroup], checkpoint_config: CheckpointConfig,
+                 failure_config: FailureConfig, callbacks: list[Callback], run_info: RunInfo,
+                 start_checkpoint: Checkpoint | None = None, metrics_rows: list[dict[str, Any]] | None = None,
+                 committed: list[CommittedCheckpoint] | None = None, verbose: bool = True):
+        self.train_func = train_func
+        self.train_loop_config = train_loop_config
+        self.storage = storage
+        self.make_worker_group = make_worker_group
+        self.checkpoint_config = checkpoint_config
+        self.policy = FailurePolicy(failure_config.max_failures)
+        self.callbacks = callbacks
+        self.run_info = run_info
+        self.external_checkpoint = start_checkpoint
+        self.metrics_rows = list(metrics_rows or [])
+        self.committed = list(committed or [])
+        self.verbose = verbose
+        self.state = RunState.SCHEDULING
+        self.failures: list[WorkerError] = []
+        self.attempt = 0
+        self.num_nodes = 1
+
+    # -- the state machine -------------------------------------------------------
+
+    def run(self) -> None:
+        """Run to the end. Raises TrainingFailedError when failures exceed the policy."""
+        while True:
+            self.state = RunState.SCHEDULING
+            group = self.make_worker_group()
+            try:
+                failure = self._run_attempt(group)
+            finally:
+                group.shutdown()
+            if failure is None:
+                self.state = RunState.FINISHED
+                return
+            self.failures.append(failure)
+            will_restart = self.policy.should_restart(len(self.failures))
+            self._notify("after_failure", self.run_info, failure, will_restart)
+            if not will_restart:
+                self.state = RunState.ERRORED
+                raise TrainingFailedError(self.failures, self.policy.max_failures)
+            self.state = RunState.RESTARTING
+            self.attempt += 1
+            latest = self.latest_checkpoint()
+            logger.warning("Worker rank %d failed (%s); restarting the group (restart %d%s) from %s.",
+                           failure.rank, failure.cause, len(self.failures),
+                           "" if self.policy.max_failures < 0 else f" of {self.policy.max_failures}",
+                           latest.uri if latest else "the beginning (no checkpoint yet)")
+
+    def latest_checkpoint(self) -> Checkpoint | None:
+        if self.committed:
+            return Checkpoint(self.committed[-1].path, self.storage.fs)
+        return self.external_checkpoint
+
+    def _run_attempt(self, group: WorkerGroup) -> WorkerError | None:
+        group.start_actors()
+        placements = group.placements()
+        self.num_nodes = len({p["node_id"] for p in placements})
+        if self.num_nodes > 1 and self.storage.is_local:
+            raise StorageError(
+                f"The workers run on {self.num_nodes} nodes but RunConfig.storage_path "
+                f"({self.storage.root!r}) is a local folder, which the other nodes cannot see: use shared "
+                "storage that every node reaches, e.g. storage_path='s3://bucket/runs' or an NFS mount "
+                "(file:///mnt/nfs/runs)."
+            )
+        # A crash may have left checkpoint folders that were never committed: clear them.
+        for path in self.storage.remove_uncommitted():
+            logger.info("Removed uncommitted checkpoint folder %s", self.storage.uri(path))
+        first_step = self.committed[-1].step + 1 if self.committed else 1
+        plan = group.start(self.train_func, self.train_loop_config, self.storage.name, self.storage,
+                           self.latest_checkpoint(), first_step, self.attempt)
+        world_size = len(placements)
+        self.state = RunState.RUNNING
+        return self._collect(group, world_size, plan)
+
+    def _collect(self, group: WorkerGroup, world_size: int, plan: Any) -> WorkerError | None:
+        pending: dict[int, dict[int, _RankReport]] = {}
+        done: set[int] = set()
+        while len(done) < world_size:
+            for rank, message in group.wait():
+                kind = message[0]
+                if kind == REPORT:
+                    self._add_report(pending, world_size, rank, message)
+                elif kind == DONE:
+                    done.add(rank)
+                elif kind == ERROR:
+                    failure = self._worker_error(message, plan)
+                    # Reports that every rank made before the failure are not lost.
+                    for other, late in group.flush(FLUSH_AFTER_FAILURE_S):
+                        if late[0] == REPORT:
+                            self._add_report(pending, world_size, other, late)
+                    return failure
+        if pending:
+            counts = {}
+            for step, ranks in pending.items():
+                for rank in ranks:
+                    counts[rank] = max(counts.get(rank, 0), step)
+            return WorkerError(
+                rank=min(set(range(world_size)) - set(pending[min(pending)])),
+                cause=(f"the workers called report() different numbers of times (last step per rank: "
+                       f"{dict(sorted(counts.items()))}): every rank must call trainlib.report() the same "
+                       "number of times, with or without a checkpoint"),
+            )
+        return None
+
+    def _worker_error(self, message: tuple, plan: Any) -> WorkerError:
+        _, rank, cause, traceback_text, payload = message
+        node_ip = plan.node_ips[rank] if plan is not None and hasattr(plan, "node_ips") else ""
+        error = WorkerError(rank=rank, cause=cause, traceback_text=traceback_text, node_ip=node_ip)
+        if payload is not None:
+            try:
+                error.__cause__ = cloudpickle.loads(payload)
+            except Exception:  # noqa: BLE001 - the exception's class may not import on the driver
+                pass
+        return error
+
+    # -- reports -----------------------------------------------------------------
+
+    def _add_report(self, pending: dict[int, dict[int, _RankReport]], world_size: int, rank: int,
+                    message: tuple) -> None:
+        _, _, step, metrics, manifest, reported_at = message
+        pending.setdefault(step, {})[rank] = _RankReport(metrics, manifest, reported_at)
+        if len(pending[step]) == world_size:
+            self._commit(step, pending.pop(step))
+
+    def _commit(self, step: int, ranks: dict[int, _RankReport]) -> None:
+        metrics = ranks[0].metrics
+        manifests = [r.manifest for r in ranks.values() if r.manifest is not None]
+        checkpoint = None
+        if manifests:
+            merged: dict[str, int] = {}
+            for manifest in manifests:
+                merged.update(manifest)
+            committed = self.storage.commit_checkpoint(step, metrics, merged)
+            self.committed = [c for c in self.committed if c.step != step] + [committed]
+            warn_if_unscored(committed, self.checkpoint_config)
+            checkpoint = Checkpoint(committed.path, self.storage.fs)
+        row = {"step": step, "attempt": self.attempt, "time": max(r.reported_at for r in ranks.values()),
+               "checkpoint": checkpoint_dir_name(step) if checkpoint else None, "metrics": metrics}
+        self.metrics_rows.append(row)
+        self.storage.append_metrics_row(row, self.metrics_rows)
+        if checkpoint is not None:
+            self._apply_retention()
+        if self.verbose:
+            shown = ", ".join(f"{k}={_fmt_value(v)}" for k, v in metrics.items())
+            suffix = f" -> {checkpoint.uri}" if checkpoint else ""
+            logger.info("[%s] step %d: %s%s", self.storage.name, step, shown, suffix)
+        self._notify("after_report", self.run_info,
+                     ReportRecord(step=step, metrics=metrics, checkpoint=checkpoint, attempt=self.attempt,
+                                  reported_at=row["time"]))
+
+    def _apply_retention(self) -> None:
+        for doomed in checkpoints_to_delete(self.committed, self.checkpoint_config):
+            self.storage.delete_checkpoint(doomed.path)
+            self.committed.remove(doomed)
+            self._notify("after_checkpoint_deleted", self.run_info, Checkpoint(doomed.path, self.storage.fs))
+
+    def _notify(self, hook: str, *args: Any) -> None:
+        for callback in self.callbacks:
+            try:
+                getattr(callback, hook)(*args)
+            except Exception as exc:  # noqa: BLE001 - a callback never fails training
+                logger.warning("Callback %s.%s failed: %s: %s", type(callback).__name__, hook,
+                               type(exc).__name__, exc)
+
+
+def _fmt_value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+

@@ -1,0 +1,92 @@
+"""``Result``: what ``fit()`` returns, and what ``Result.from_path`` reads back. Driver only."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from trainlib._internal.checkpoint import Checkpoint
+from trainlib._internal.config import CheckpointConfig
+from trainlib._internal.retention import rank_checkpoints
+from trainlib._internal.storage import RunStorage, resolve_filesystem
+
+
+@dataclasses.dataclass
+class Result:
+    """The outcome of a training run.
+
+    Attributes:
+        metrics: rank 0's last reported metrics.
+        checkpoint: the latest committed checkpoint, or None.
+        path: the run's folder (a URL for remote storage).
+        error: the exception that ended the run, or None if it finished.
+        metrics_dataframe: every report as a row (``step``, ``attempt``,
+            ``timestamp``, ``checkpoint`` and the metrics), or None.
+        best_checkpoints: the kept checkpoints as ``(Checkpoint, metrics)``,
+            best first (by ``checkpoint_score_attribute``, else newest first).
+        filesystem: the fsspec filesystem of ``path``.
+
+    Example:
+        >>> result = trainer.fit()
+        >>> result.metrics["loss"], result.checkpoint
+    """
+
+    metrics: dict[str, Any] | None
+    checkpoint: Checkpoint | None
+    path: str
+    error: BaseException | None = None
+    metrics_dataframe: Any = None
+    best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    filesystem: Any = dataclasses.field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        error = f", error={type(self.error).__name__}" if self.error else ""
+        return f"Result(metrics={self.metrics}, checkpoint={self.checkpoint}, path={self.path!r}{error})"
+
+    @classmethod
+    def from_storage(cls, storage: RunStorage, checkpoint_config: CheckpointConfig,
+                     error: BaseException | None = None) -> "Result":
+        import pandas as pd
+
+        rows = storage.read_metrics_log()
+        committed = storage.committed_checkpoints()
+        latest = committed[-1] if committed else None
+        best = rank_checkpoints(committed, checkpoint_config)
+        return cls(
+            metrics=rows[-1]["metrics"] if rows else None,
+            checkpoint=Checkpoint(latest.path, storage.fs) if latest else None,
+            path=storage.uri(),
+            error=error,
+            metrics_dataframe=pd.DataFrame(
+                [{**r["metrics"], "step": r["step"], "attempt": r["attempt"], "timestamp": r["time"],
+                  "checkpoint": r.get("checkpoint")} for r in rows]
+            ) if rows else None,
+            best_checkpoints=[(Checkpoint(c.path, storage.fs), c.metrics) for c in best],
+            filesystem=storage.fs,
+        )
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike, storage_filesystem: Any = None,
+                  storage_options: dict | None = None) -> "Result":
+        """Read a finished, failed or still running run back from its folder.
+
+        Only committed checkpoints are listed; a folder left half-written by a
+        crash is ignored.
+        """
+        fs, inner = resolve_filesystem(path, storage_filesystem, storage_options)
+        root, name = inner.rstrip("/").rsplit("/", 1)
+        storage = RunStorage(fs, root, name)
+        if not storage.exists():
+            raise FileNotFoundError(
+                f"Result.from_path({os.fspath(path)!r}): no trainlib run there (no trainlib_run.json). "
+                "Pass the run's folder: <storage_path>/<name>."
+            )
+        state = storage.read_run_state()
+        config = CheckpointConfig(**state.get("checkpoint_config", {}))
+        error = None
+        if state.get("status") == "FAILED":
+            from trainlib._internal.errors import TrainlibError
+
+            error = TrainlibError(state.get("error") or "the run failed")
+        return cls.from_storage(storage, config, error)

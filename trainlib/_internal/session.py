@@ -1,0 +1,240 @@
+"""The per-worker training session behind ``report``, ``get_context`` and ``get_checkpoint``.
+
+Runs in worker actors only. ``report()`` validates the metrics, copies the
+checkpoint folder (straight into run storage on a local filesystem; to a local
+staging folder first for remote storage), and hands the report to one uploader
+thread, which uploads in the background and forwards reports to the driver in
+order. Training waits only for the local copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any
+
+from trainlib._internal import tunables
+from trainlib._internal.checkpoint import Checkpoint
+from trainlib._internal.storage import RunStorage
+
+# Messages a worker sends to the driver, in order.
+REPORT = "report"
+DONE = "done"
+ERROR = "error"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+    """Where one worker sits in the group; built by the driver, read by the worker."""
+
+    world_rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    experiment_name: str
+    run_path: str
+    attempt: int
+
+
+class TrainContext:
+    """What a worker knows about its run: ranks, sizes, names. Get it with ``get_context()``."""
+
+    def __init__(self, info: WorkerInfo):
+        self._info = info
+
+    def get_world_size(self) -> int:
+        """Number of workers in the group."""
+        return self._info.world_size
+
+    def get_world_rank(self) -> int:
+        """This worker's rank among all workers, 0 to world size - 1."""
+        return self._info.world_rank
+
+    def get_local_rank(self) -> int:
+        """This worker's rank among the workers on its node."""
+        return self._info.local_rank
+
+    def get_local_world_size(self) -> int:
+        """Number of workers on this worker's node."""
+        return self._info.local_world_size
+
+    def get_node_rank(self) -> int:
+        """The rank of this worker's node among the group's nodes."""
+        return self._info.node_rank
+
+    def get_experiment_name(self) -> str:
+        """The run's name (``RunConfig.name``)."""
+        return self._info.experiment_name
+
+    def get_trial_name(self) -> str:
+        """Same as :meth:`get_experiment_name` (Ray Train v1 compatibility)."""
+        return self._info.experiment_name
+
+    def get_run_path(self) -> str:
+        """The run's folder in storage."""
+        return self._info.run_path
+
+    def get_attempt(self) -> int:
+        """0 for the first attempt, n after the n-th restart."""
+        return self._info.attempt
+
+    def __repr__(self) -> str:
+        i = self._info
+        return (f"TrainContext(world_rank={i.world_rank}, world_size={i.world_size}, local_rank={i.local_rank}, "
+                f"node_rank={i.node_rank}, experiment_name={i.experiment_name!r})")
+
+
+def validate_metrics(metrics: Any) -> dict[str, float | int]:
+    """Check that ``metrics`` is a flat dict of numeric scalars; return plain Python numbers."""
+    if not isinstance(metrics, dict):
+        raise TypeError(
+            f"trainlib.report(metrics=...) takes a dict of numbers, got {type(metrics).__name__}. "
+            "Report e.g. trainlib.report({'loss': loss.item(), 'epoch': epoch})."
+        )
+    clean: dict[str, float | int] = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            raise TypeError(f"trainlib.report(): metric names must be strings, got {key!r}.")
+        if isinstance(value, numbers.Number) and not isinstance(value, complex) and getattr(value, "ndim", 0) == 0:
+            clean[key] = value.item() if hasattr(value, "item") else value
+            continue
+        hint = "call .item() on it" if hasattr(value, "item") and getattr(value, "ndim", 1) == 0 else \
+            "report one number per key (a mean, a count), e.g. float(x)"
+        raise TypeError(
+            f"trainlib.report(): metrics[{key!r}] is {type(value).__name__} {_short(value)}, not a number: {hint}."
+        )
+    return clean
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclasses.dataclass
+class _PendingReport:
+    step: int
+    metrics: dict[str, Any]
+    staged_dir: str | None  # a local copy still to upload (remote storage)
+    manifest: dict[str, int] | None  # files already in storage (local storage)
+    reported_at: float
+
+
+class WorkerSession:
+    """One worker's session: the state behind the public worker-side functions."""
+
+    def __init__(self, info: WorkerInfo, storage: RunStorage, start_checkpoint: Checkpoint | None, first_step: int,
+                 outbox: "queue.Queue[tuple]"):
+        self.info = info
+        self.context = TrainContext(info)
+        self.storage = storage
+        self.start_checkpoint = start_checkpoint
+        self.next_step = first_step
+        self.outbox = outbox
+        self._uploads: queue.Queue = queue.Queue(maxsize=tunables.MAX_PENDING_UPLOADS_PER_WORKER)
+        self._staging_root = tempfile.mkdtemp(prefix=f"trainlib_stage_rank{info.world_rank}_")
+        self._uploader = threading.Thread(target=self._upload_loop, name="trainlib-uploader", daemon=True)
+        self._uploader.start()
+
+    # -- called from the training thread ---------------------------------------
+
+    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+        clean = validate_metrics(metrics)
+        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+            raise TypeError(
+                f"trainlib.report(checkpoint=...) takes a trainlib.Checkpoint, got {type(checkpoint).__name__}. "
+                "Use trainlib.Checkpoint.from_directory(folder)."
+            )
+        step = self.next_step
+        self.next_step += 1
+        staged_dir = manifest = None
+        if checkpoint is not None:
+            if self.storage.is_local:
+                # One copy, straight into the (not yet committed) checkpoint folder.
+                manifest = self._copy_checkpoint_files(checkpoint, step)
+            else:
+                staged_dir = os.path.join(self._staging_root, f"step_{step}")
+                checkpoint.to_directory(staged_dir)
+        self._uploads.put(_PendingReport(step, clean, staged_dir, manifest, time.time()))
+
+    def _copy_checkpoint_files(self, checkpoint: Checkpoint, step: int) -> dict[str, int]:
+        if checkpoint.is_local:
+            return self.storage.upload_directory(checkpoint.path, self.storage.checkpoint_path(step))
+        with checkpoint.as_directory() as folder:
+            return self.storage.upload_directory(folder, self.storage.checkpoint_path(step))
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Queue the end of training (after every pending upload) for the driver."""
+        if error is None:
+            self._uploads.put((DONE, self.info.world_rank))
+        else:
+            self._uploads.put(error_message(self.info.world_rank, error))
+
+    def wait_uploads(self, timeout: float) -> bool:
+        """Wait until every queued report reached the driver's outbox; True if it did in time."""
+        deadline = time.monotonic() + timeout
+        while self._uploads.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self._uploads.unfinished_tasks
+
+    # -- uploader thread ---------------------------------------------------------
+
+    def _upload_loop(self) -> None:
+        failed = False
+        while True:
+            item = self._uploads.get()
+            try:
+                if isinstance(item, tuple):  # DONE or ERROR: the last message of this session
+                    if not failed:
+                        self.outbox.put(item)
+                    shutil.rmtree(self._staging_root, ignore_errors=True)
+                    return
+                if failed:
+                    continue  # the driver already has this worker's failure; drain so report() never blocks
+                manifest = item.manifest
+                if item.staged_dir is not None:
+                    manifest = self.storage.upload_directory(item.staged_dir, self.storage.checkpoint_path(item.step))
+                    shutil.rmtree(item.staged_dir, ignore_errors=True)
+                self.outbox.put((REPORT, self.info.world_rank, item.step, item.metrics, manifest, item.reported_at))
+            except BaseException as exc:  # noqa: BLE001 - an upload failure fails this worker
+                failed = True
+                self.outbox.put(error_message(self.info.world_rank, exc))
+            finally:
+                self._uploads.task_done()
+
+
+def error_message(rank: int, exc: BaseException) -> tuple:
+    """The ERROR message for ``exc``: its text, traceback and (if picklable) the exception itself."""
+    import cloudpickle
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        payload = cloudpickle.dumps(exc)
+    except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text only
+        payload = None
+    return (ERROR, rank, f"{type(exc).__name__}: {exc}", text, payload)
+
+
+_session: WorkerSession | None = None
+
+
+def set_session(session: WorkerSession | None) -> None:
+    global _session
+    _session = session
+
+
+def get_session(caller: str) -> WorkerSession:
+    if _session is None:
+        raise RuntimeError(
+            f"trainlib.{caller}() was called outside a training worker. Call it inside the "
+            "train_loop_per_worker function that you pass to TorchTrainer, which runs it on every worker."
+        )
+    return _session

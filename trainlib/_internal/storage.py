@@ -1,0 +1,269 @@
+"""Run storage on fsspec: the run folder, atomic checkpoint commits, the metrics log.
+
+Used on the driver (commit, retention, run state) and in worker actors
+(checkpoint upload). Layout of one run::
+
+    <storage_path>/<name>/
+        trainlib_run.json          run config and status, rewritten atomically
+        metrics.jsonl              every report: step, time, attempt, checkpoint, metrics
+        checkpoint_000003/
+            model.pt ...           files written by the workers
+            .trainlib_commit.json  the commit marker, written last: step, metrics, manifest
+
+A checkpoint is valid only when its marker exists and every file in the
+marker's manifest has the recorded size. Files are written under a temporary
+name and renamed (local) or put as one object (S3), so no file is ever half
+visible; the marker is written last, so a crash at any moment leaves either the
+previous checkpoints or the new complete one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import posixpath
+import random
+import time
+import uuid
+from typing import Any, Callable, TypeVar
+
+import fsspec
+
+from trainlib._internal import tunables
+from trainlib._internal.errors import StorageError
+
+logger = logging.getLogger("trainlib")
+
+RUN_STATE_FILE = "trainlib_run.json"
+METRICS_FILE = "metrics.jsonl"
+COMMIT_MARKER = ".trainlib_commit.json"
+CHECKPOINT_PREFIX = "checkpoint_"
+DEFAULT_STORAGE_PATH = "~/trainlib_results"
+
+T = TypeVar("T")
+
+
+def checkpoint_dir_name(step: int) -> str:
+    return f"{CHECKPOINT_PREFIX}{step:06d}"
+
+
+def is_local_filesystem(fs: fsspec.AbstractFileSystem) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+def resolve_filesystem(storage_path: str | os.PathLike | None, filesystem: Any = None,
+                       storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """Return the fsspec filesystem and the path inside it for a storage path or URL."""
+    path = os.fspath(storage_path) if storage_path is not None else DEFAULT_STORAGE_PATH
+    if filesystem is not None:
+        return filesystem, filesystem._strip_protocol(path)
+    if "://" not in path:
+        path = os.path.abspath(os.path.expanduser(path))
+    try:
+        fs, inner = fsspec.core.url_to_fs(path, **(storage_options or {}))
+    except (ImportError, ValueError) as exc:
+        raise StorageError(
+            f"RunConfig.storage_path={path!r} cannot be opened: {exc}. Use a local folder or an "
+            "fsspec URL whose package is installed (s3:// needs s3fs)."
+        ) from None
+    return fs, inner
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    return isinstance(exc, (OSError, ConnectionError, TimeoutError)) or type(exc).__module__.startswith(
+        ("botocore", "aiobotocore", "urllib3", "aiohttp")
+    )
+
+
+def with_retries(what: str, func: Callable[[], T]) -> T:
+    """Run ``func``; retry transient I/O errors with backoff, then raise StorageError."""
+    delay = tunables.STORAGE_RETRY_BASE_DELAY_S
+    for attempt in range(1, tunables.STORAGE_RETRY_ATTEMPTS + 1):
+        try:
+            return func()
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if not _is_transient(exc):
+                raise
+            if attempt == tunables.STORAGE_RETRY_ATTEMPTS:
+                raise StorageError(
+                    f"{what} failed after {attempt} attempts: {type(exc).__name__}: {exc}. Check that the "
+                    "storage is reachable (endpoint, network, bucket) and retry."
+                ) from None
+            logger.warning("%s failed (%s: %s); retrying in %.1fs (attempt %d of %d)", what,
+                           type(exc).__name__, exc, delay, attempt, tunables.STORAGE_RETRY_ATTEMPTS)
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, tunables.STORAGE_RETRY_MAX_DELAY_S)
+    raise AssertionError("unreachable")
+
+
+@dataclasses.dataclass(frozen=True)
+class CommittedCheckpoint:
+    """A checkpoint whose commit marker was found and verified."""
+
+    step: int
+    path: str
+    metrics: dict[str, Any]
+    committed_at: float
+
+
+class RunStorage:
+    """The folder of one run on an fsspec filesystem. Picklable; sent to workers."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str, name: str):
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.name = name
+        self.run_path = posixpath.join(self.root, name)
+        self.is_local = is_local_filesystem(fs)
+
+    def uri(self, path: str | None = None) -> str:
+        """The URL of ``path`` (default: the run folder), for people to read."""
+        return self.fs.unstrip_protocol(path or self.run_path) if not self.is_local else (path or self.run_path)
+
+    def join(self, *parts: str) -> str:
+        return posixpath.join(self.run_path, *parts)
+
+    def checkpoint_path(self, step: int) -> str:
+        return self.join(checkpoint_dir_name(step))
+
+    # -- writing -----------------------------------------------------------------
+
+    def write_bytes_atomic(self, path: str, data: bytes) -> None:
+        """Write a whole file so that readers see the old or the new content, never a part."""
+        def write() -> None:
+            if self.is_local:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            else:
+                self.fs.pipe_file(path, data)  # one PUT: atomic on object stores
+
+        with_retries(f"writing {self.uri(path)}", write)
+
+    def write_json_atomic(self, path: str, obj: Any) -> None:
+        self.write_bytes_atomic(path, json.dumps(obj, indent=1, default=str).encode())
+
+    def upload_directory(self, local_dir: str, dest: str) -> dict[str, int]:
+        """Copy every file under ``local_dir`` into ``dest``; return the manifest {relpath: size}."""
+        manifest: dict[str, int] = {}
+        for folder, _dirs, files in os.walk(local_dir):
+            for file_name in files:
+                local_file = os.path.join(folder, file_name)
+                rel = os.path.relpath(local_file, local_dir).replace(os.sep, "/")
+                if rel == COMMIT_MARKER:
+                    continue  # a checkpoint folder copied back in must not carry its old commit
+                manifest[rel] = os.path.getsize(local_file)
+                self._upload_file(local_file, posixpath.join(dest, rel))
+        return manifest
+
+    def _upload_file(self, local_file: str, dest: str) -> None:
+        def copy() -> None:
+            if self.is_local:
+                import shutil
+
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
+                shutil.copyfile(local_file, tmp)
+                os.replace(tmp, dest)
+            else:
+                self.fs.put_file(local_file, dest)
+
+        with_retries(f"uploading {os.path.basename(local_file)} to {self.uri(dest)}", copy)
+
+    def commit_checkpoint(self, step: int, metrics: dict[str, Any], manifest: dict[str, int]) -> CommittedCheckpoint:
+        """Write the commit marker of ``checkpoint_<step>``: from now on it is valid."""
+        path = self.checkpoint_path(step)
+        now = time.time()
+        self.write_json_atomic(posixpath.join(path, COMMIT_MARKER),
+                               {"step": step, "metrics": metrics, "files": manifest, "committed_at": now})
+        return CommittedCheckpoint(step=step, path=path, metrics=metrics, committed_at=now)
+
+    def delete_checkpoint(self, path: str) -> None:
+        """Delete a checkpoint: marker first, so a crash mid-delete never leaves a valid-looking part."""
+        marker = posixpath.join(path, COMMIT_MARKER)
+        with_retries(f"deleting {self.uri(path)}", lambda: self.fs.exists(marker) and self.fs.rm(marker))
+        with_retries(f"deleting {self.uri(path)}", lambda: self.fs.exists(path) and self.fs.rm(path, recursive=True))
+
+    def append_metrics_row(self, row: dict[str, Any], all_rows: list[dict[str, Any]]) -> None:
+        """Add ``row`` to the metrics log (append locally; object stores get the whole log rewritten)."""
+        path = self.join(METRICS_FILE)
+        line = json.dumps(row, default=str) + "\n"
+        if self.is_local:
+            os.makedirs(self.run_path, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(line)
+        else:
+            self.write_bytes_atomic(path, "".join(json.dumps(r, default=str) + "\n" for r in all_rows).encode())
+
+    # -- reading -----------------------------------------------------------------
+
+    def exists(self) -> bool:
+        return with_retries(f"reading {self.uri()}", lambda: self.fs.exists(self.join(RUN_STATE_FILE)))
+
+    def read_json(self, path: str) -> Any:
+        return json.loads(with_retries(f"reading {self.uri(path)}", lambda: self.fs.cat_file(path)))
+
+    def read_run_state(self) -> dict[str, Any]:
+        return self.read_json(self.join(RUN_STATE_FILE))
+
+    def list_checkpoint_dirs(self) -> list[str]:
+        def ls() -> list[str]:
+            self.fs.invalidate_cache(self.run_path)
+            if not self.fs.exists(self.run_path):
+                return []
+            return [e["name"] for e in self.fs.ls(self.run_path, detail=True)
+                    if e.get("type") == "directory" and posixpath.basename(e["name"].rstrip("/")).startswith(CHECKPOINT_PREFIX)]
+        return sorted(ls())
+
+    def verify_checkpoint(self, path: str) -> CommittedCheckpoint | None:
+        """The checkpoint at ``path`` if its marker exists and its files are complete, else None."""
+        path = path.rstrip("/")
+        marker_path = posixpath.join(path, COMMIT_MARKER)
+        try:
+            self.fs.invalidate_cache(path)
+            marker = json.loads(self.fs.cat_file(marker_path))
+            for rel, size in marker["files"].items():
+                if self.fs.size(posixpath.join(path, rel)) != size:
+                    return None
+            return CommittedCheckpoint(step=int(marker["step"]), path=path, metrics=marker.get("metrics", {}),
+                                       committed_at=float(marker.get("committed_at", 0)))
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError):
+            logger.warning("Ignoring checkpoint %s: its commit marker is unreadable", self.uri(path))
+            return None
+
+    def committed_checkpoints(self) -> list[CommittedCheckpoint]:
+        """Every valid checkpoint of the run, oldest first."""
+        found = (self.verify_checkpoint(p) for p in self.list_checkpoint_dirs())
+        return sorted((c for c in found if c is not None), key=lambda c: c.step)
+
+    def remove_uncommitted(self) -> list[str]:
+        """Delete checkpoint folders without a valid marker (left by a crash); return their paths."""
+        removed = []
+        for path in self.list_checkpoint_dirs():
+            if self.verify_checkpoint(path) is None:
+                with_retries(f"deleting {self.uri(path)}", lambda p=path: self.fs.rm(p, recursive=True))
+                removed.append(path)
+        return removed
+
+    def read_metrics_log(self) -> list[dict[str, Any]]:
+        path = self.join(METRICS_FILE)
+        try:
+            text = self.fs.cat_file(path).decode()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def remove_run(self) -> None:
+        if self.fs.exists(self.run_path):
+            with_retries(f"deleting {self.uri()}", lambda: self.fs.rm(self.run_path, recursive=True))

@@ -1,0 +1,23 @@
+"""Timeouts, retry counts and sizes: every tunable of trainlib, in one place.
+
+Read by the driver and the workers. Change them here, not in the code that uses them.
+"""
+
+# Storage: transient I/O errors are retried with exponential backoff.
+STORAGE_RETRY_ATTEMPTS = 5
+STORAGE_RETRY_BASE_DELAY_S = 0.2
+STORAGE_RETRY_MAX_DELAY_S = 5.0
+
+# A worker may have this many checkpoint uploads in flight before report() blocks;
+# it bounds the local disk used for staging when storage is slower than training.
+MAX_PENDING_UPLOADS_PER_WORKER = 2
+
+# torch.distributed: process-group start-up and every collective time out after this,
+# so a hung collective becomes a worker failure instead of a hang.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+
+# How long the driver waits for worker actors to start (import torch, join the group).
+WORKER_START_TIMEOUT_S = 300.0
+
+# How long stopped workers get to exit before they are killed.
+WORKER_STOP_GRACE_S = 2.0

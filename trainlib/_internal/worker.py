@@ -1,0 +1,111 @@
+"""The training worker: one Ray actor per rank. Runs in worker actors only.
+
+The driver creates the actor (it warms up: imports the backend, sets threads),
+asks where it landed (``describe``), then calls ``start`` with the rank layout.
+``start`` returns at once; the user's training function runs in a thread of the
+actor, and the driver receives its reports through ``next_messages``, a
+blocking call, so the driver waits on events rather than polling.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+from typing import Any, Callable
+
+from trainlib._internal.checkpoint import Checkpoint
+from trainlib._internal.session import WorkerInfo, WorkerSession, set_session
+from trainlib._internal.storage import RunStorage
+
+
+class WorkerBackend:
+    """What a framework does around the user's function in each worker (see trainlib.torch)."""
+
+    def on_actor_start(self, num_cpus: float) -> None:
+        """Warm up in the new actor process (imports, thread counts)."""
+
+    def on_start(self, info: WorkerInfo, master_addr: str, master_port: int) -> None:
+        """Before the training function: join the process group, pick the device."""
+
+    def on_shutdown(self) -> None:
+        """After the training function returns."""
+
+
+class TrainWorker:
+    """One training rank. Wrapped with ``ray.remote`` by the driver."""
+
+    def __init__(self, backend: WorkerBackend, num_cpus: float, env: dict[str, str]):
+        os.environ.update(env)
+        self.backend = backend
+        self.backend.on_actor_start(num_cpus)
+        self.outbox: queue.Queue[tuple] = queue.Queue()
+        self.session: WorkerSession | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """Where this actor runs: node, address, pid, GPUs."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        accelerators = ctx.get_accelerator_ids() if hasattr(ctx, "get_accelerator_ids") else {}
+        return {
+            "node_id": ctx.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "gpu_ids": [str(g) for g in accelerators.get("GPU", [])],
+        }
+
+    def find_free_port(self) -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    def start(self, train_func: Callable, config: dict | None, info: WorkerInfo, storage: RunStorage,
+              checkpoint: Checkpoint | None, first_step: int, master_addr: str, master_port: int,
+              env: dict[str, str]) -> None:
+        """Start the training function in a thread and return."""
+        os.environ.update(env)
+        self.session = WorkerSession(info, storage, checkpoint, first_step, self.outbox)
+        thread = threading.Thread(
+            target=self._run, args=(train_func, config, info, master_addr, master_port),
+            name="trainlib-train", daemon=True,
+        )
+        thread.start()
+
+    def _run(self, train_func: Callable, config: dict | None, info: WorkerInfo, master_addr: str,
+             master_port: int) -> None:
+        assert self.session is not None
+        set_session(self.session)
+        try:
+            self.backend.on_start(info, master_addr, master_port)
+            if config is None:
+                train_func()
+            else:
+                train_func(config)
+            self.backend.on_shutdown()
+        except BaseException as exc:  # noqa: BLE001 - every failure goes to the driver
+            self.session.finish(exc)
+        else:
+            self.session.finish()
+
+    def next_messages(self) -> list[tuple]:
+        """Block until this worker has something for the driver; return all of it, in order."""
+        messages = [self.outbox.get()]
+        while True:
+            try:
+                messages.append(self.outbox.get_nowait())
+            except queue.Empty:
+                return messages
+
+    def flush(self, timeout: float) -> list[tuple]:
+        """After another rank failed: let pending uploads finish, then return what is queued."""
+        if self.session is not None:
+            self.session.wait_uploads(timeout)
+        messages = []
+        while True:
+            try:
+                messages.append(self.outbox.get_nowait())
+            except queue.Empty:
+                return messages

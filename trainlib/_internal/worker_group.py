@@ -1,0 +1,250 @@
+"""The group of worker actors of one attempt, on Ray Core. Runs on the driver only.
+
+It checks the request against the cluster (an impossible one fails at once),
+reserves one placement-group bundle per worker with a bounded wait, starts the
+actors, lays out the ranks, and turns every actor's messages, or its death,
+into ``(rank, message)`` pairs for the controller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from trainlib._internal import tunables
+from trainlib._internal.checkpoint import Checkpoint
+from trainlib._internal.config import ScalingConfig
+from trainlib._internal.errors import ResourcesUnavailableError
+from trainlib._internal.session import ERROR, WorkerInfo
+from trainlib._internal.storage import RunStorage
+from trainlib._internal.worker import TrainWorker, WorkerBackend
+
+logger = logging.getLogger("trainlib")
+
+
+def _fmt(resources: dict[str, float]) -> str:
+    shown = {k: (int(v) if float(v).is_integer() else round(v, 2)) for k, v in sorted(resources.items())
+             if k in ("CPU", "GPU", "memory") or not k.startswith(("node:", "accelerator_type", "object_store"))}
+    shown.pop("memory", None)
+    return "{" + ", ".join(f"{k}: {v}" for k, v in shown.items()) + "}"
+
+
+def check_resources(scaling: ScalingConfig, nodes: list[dict[str, Any]]) -> None:
+    """Fail at once when the cluster's nodes can never hold the worker group."""
+    per_worker = scaling.worker_resources
+    alive = [n for n in nodes if n.get("Alive", True)]
+
+    def workers_on(node: dict[str, Any]) -> int:
+        have = node.get("Resources", {})
+        return min(int(math.floor(have.get(k, 0) / v + 1e-9)) for k, v in per_worker.items())
+
+    capacity = [workers_on(n) for n in alive]
+    cluster = _fmt({k: sum(n.get("Resources", {}).get(k, 0) for n in alive) for k in
+                    set().union(*(n.get("Resources", {}) for n in alive)) | set(per_worker)})
+    fix = ("lower ScalingConfig.num_workers or resources_per_worker"
+           + (", or set use_gpu=False" if scaling.use_gpu else "")
+           + ", or connect to a bigger Ray cluster (ray.init(address=...) / RAY_ADDRESS)")
+    if not any(capacity):
+        raise ResourcesUnavailableError(
+            f"Each worker asks for {_fmt(per_worker)}, but no node of the Ray cluster has that much "
+            f"(the cluster has {cluster} over {len(alive)} node(s)): {fix}."
+        )
+    if scaling.placement_strategy == "STRICT_PACK":
+        fits = max(capacity)
+    elif scaling.placement_strategy == "STRICT_SPREAD":
+        fits = sum(1 for c in capacity if c)
+    else:
+        fits = sum(capacity)
+    if fits < scaling.num_workers:
+        raise ResourcesUnavailableError(
+            f"ScalingConfig asks for {scaling.num_workers} workers x {_fmt(per_worker)} "
+            f"({scaling.placement_strategy}), but the Ray cluster ({cluster} over {len(alive)} node(s)) "
+            f"can hold at most {fits}: {fix}."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RankPlan:
+    """The rank layout of a started group: ``order[rank]`` is the actor index of that rank."""
+
+    order: list[int]
+    infos: list[WorkerInfo]
+    envs: list[dict[str, str]]
+    node_ips: list[str]
+    num_nodes: int
+
+
+def plan_ranks(placements: list[dict[str, Any]], experiment_name: str, run_path: str, attempt: int,
+               master_port: int) -> RankPlan:
+    """Give ranks so each node's workers are contiguous; set torchrun's environment and the GPUs."""
+    nodes: list[str] = []
+    for p in placements:
+        if p["node_id"] not in nodes:
+            nodes.append(p["node_id"])
+    order = sorted(range(len(placements)), key=lambda i: (nodes.index(placements[i]["node_id"]), i))
+    world_size = len(placements)
+    master_addr = placements[order[0]]["node_ip"]
+    by_node = {n: [i for i in order if placements[i]["node_id"] == n] for n in nodes}
+    infos, envs = [], []
+    for rank, index in enumerate(order):
+        p = placements[index]
+        peers = by_node[p["node_id"]]
+        local_rank = peers.index(index)
+        env = {
+            "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(len(peers)), "NODE_RANK": str(nodes.index(p["node_id"])),
+            "GROUP_RANK": str(nodes.index(p["node_id"])),
+            "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+        }
+        gpu_index = None
+        if p["gpu_ids"]:
+            # Every worker of a node sees all the node's group GPUs (nccl needs peer access);
+            # each one uses the GPU that Ray gave it.
+            node_gpus = sorted({g for i in peers for g in placements[i]["gpu_ids"]}, key=_gpu_sort_key)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(node_gpus)
+            gpu_index = node_gpus.index(p["gpu_ids"][0])
+        env["TRAINLIB_GPU_INDEX"] = "" if gpu_index is None else str(gpu_index)
+        infos.append(WorkerInfo(world_rank=rank, world_size=world_size, local_rank=local_rank,
+                                local_world_size=len(peers), node_rank=nodes.index(p["node_id"]),
+                                experiment_name=experiment_name, run_path=run_path, attempt=attempt))
+        envs.append(env)
+    return RankPlan(order=order, infos=infos, envs=envs, node_ips=[placements[i]["node_ip"] for i in order],
+                    num_nodes=len(nodes))
+
+
+def _gpu_sort_key(gpu_id: str) -> tuple[int, str]:
+    return (int(gpu_id), "") if gpu_id.isdigit() else (1 << 30, gpu_id)
+
+
+class RayWorkerGroup:
+    """The actors of one attempt. ``start_actors`` -> ``placements`` -> ``start`` -> ``wait`` ... -> ``shutdown``."""
+
+    def __init__(self, scaling: ScalingConfig, backend: WorkerBackend):
+        self.scaling = scaling
+        self.backend = backend
+        self._pg = None
+        self._actors: list[Any] = []  # by rank once started
+        self._pending: dict[Any, int] = {}  # outstanding next_messages ref -> rank
+        self._placements: list[dict[str, Any]] = []
+        self.plan: RankPlan | None = None
+
+    def start_actors(self) -> None:
+        """Reserve the placement group (bounded wait) and start the actors; returns before they are ready."""
+        check_resources(self.scaling, ray.nodes())
+        bundles = [self.scaling.worker_resources for _ in range(self.scaling.num_workers)]
+        self._pg = placement_group(bundles, strategy=self.scaling.placement_strategy, name="trainlib-workers")
+        ready, _ = ray.wait([self._pg.ready()], timeout=self.scaling.placement_timeout_s)
+        if not ready:
+            available = _fmt(ray.available_resources())
+            total = _fmt(ray.cluster_resources())
+            self.shutdown()
+            raise ResourcesUnavailableError(
+                f"Timed out after {self.scaling.placement_timeout_s:.0f}s waiting for {self.scaling.num_workers} "
+                f"workers x {_fmt(self.scaling.worker_resources)}: the cluster has {total} in all but only "
+                f"{available} free; other tasks or actors hold the rest. Free them, lower the request, or raise "
+                "ScalingConfig.placement_timeout_s if the cluster is scaling up."
+            )
+        cpus = self.scaling.worker_resources.get("CPU", 0)
+        gpus = self.scaling.worker_resources.get("GPU", 0)
+        custom = {k: v for k, v in self.scaling.worker_resources.items() if k not in ("CPU", "GPU")}
+        actor_cls = ray.remote(TrainWorker)
+        threads = str(max(1, int(cpus)))
+        self._actors = [
+            actor_cls.options(
+                num_cpus=cpus, num_gpus=gpus, resources=custom, max_concurrency=4,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
+            ).remote(self.backend, cpus, {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
+            for i in range(self.scaling.num_workers)
+        ]
+
+    def placements(self) -> list[dict[str, Any]]:
+        """Where each actor landed (waits for the actors to finish starting)."""
+        try:
+            self._placements = ray.get([a.describe.remote() for a in self._actors],
+                                       timeout=tunables.WORKER_START_TIMEOUT_S)
+        except GetTimeoutError:
+            raise ResourcesUnavailableError(
+                f"Worker actors did not start within {tunables.WORKER_START_TIMEOUT_S:.0f}s."
+            ) from None
+        return self._placements
+
+    def start(self, train_func: Callable, config: dict | None, experiment_name: str, storage: RunStorage,
+              checkpoint: Checkpoint | None, first_step: int, attempt: int) -> RankPlan:
+        """Lay out ranks and start the training function on every worker."""
+        placements = self._placements or self.placements()
+        by_index = list(self._actors)
+        rank0 = plan_ranks(placements, experiment_name, storage.uri(), attempt, 0).order[0]
+        master_port = ray.get(by_index[rank0].find_free_port.remote())  # free on rank 0's node
+        plan = plan_ranks(placements, experiment_name, storage.uri(), attempt, master_port)
+        self._actors = [by_index[i] for i in plan.order]
+        self._placements = [placements[i] for i in plan.order]
+        self.plan = plan
+        train_func_ref = ray.put(train_func)
+        ray.get([
+            actor.start.remote(train_func_ref, config, plan.infos[rank], storage, checkpoint, first_step,
+                               plan.envs[rank]["MASTER_ADDR"], master_port, plan.envs[rank])
+            for rank, actor in enumerate(self._actors)
+        ])
+        self._pending = {actor.next_messages.remote(): rank for rank, actor in enumerate(self._actors)}
+        return plan
+
+    def wait(self) -> list[tuple[int, tuple]]:
+        """Block until some worker sends messages or dies; return them as (rank, message)."""
+        ready, _ = ray.wait(list(self._pending), num_returns=1)
+        out = []
+        for ref in ready:
+            rank = self._pending.pop(ref)
+            try:
+                messages = ray.get(ref)
+            except RayActorError as exc:
+                messages = [self._death_message(rank, exc)]
+            out.extend((rank, m) for m in messages)
+            if not any(m[0] in ("done", ERROR) for m in messages):
+                self._pending[self._actors[rank].next_messages.remote()] = rank
+        return out
+
+    def _death_message(self, rank: int, exc: BaseException) -> tuple:
+        p = self._placements[rank] if rank < len(self._placements) else {}
+        text = str(exc).strip().splitlines()
+        detail = next((line.strip() for line in text if "exit" in line.lower() or "killed" in line.lower()
+                       or "OOM" in line), text[0] if text else "")
+        cause = (f"the worker process (pid {p.get('pid')}) on node {p.get('node_ip')} died: {detail}. It may have "
+                 "been killed (OOM, SIGKILL) or its node lost")
+        return (ERROR, rank, cause, "", None)
+
+    def flush(self, timeout: float) -> list[tuple[int, tuple]]:
+        """After a failure: collect what the live workers still had queued, uploads included."""
+        out: list[tuple[int, tuple]] = []
+        refs = {a.flush.remote(timeout): rank for rank, a in enumerate(self._actors)}
+        ready, _ = ray.wait(list(refs) + list(self._pending), num_returns=len(refs) + len(self._pending),
+                            timeout=timeout + 1.0)
+        for ref in ready:
+            rank = refs.get(ref, self._pending.get(ref))
+            try:
+                out.extend((rank, m) for m in ray.get(ref))
+            except RayActorError:
+                pass
+        return out
+
+    def shutdown(self) -> None:
+        """Kill the actors and release the placement group."""
+        for actor in self._actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        self._actors = []
+        self._pending = {}
+        if self._pg is not None:
+            try:
+                remove_placement_group(self._pg)
+            except Exception:  # noqa: BLE001 - cluster already gone
+                pass
+            self._pg = None

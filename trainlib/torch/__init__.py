@@ -1,0 +1,11 @@
+"""trainlib.torch: the PyTorch trainer and the helpers used inside the training function.
+
+Example:
+    >>> from trainlib.torch import TorchTrainer, prepare_model, prepare_data_loader
+"""
+
+from trainlib.torch._backend import TorchConfig
+from trainlib.torch._prepare import get_device, prepare_data_loader, prepare_model
+from trainlib.torch._trainer import TorchTrainer
+
+__all__ = ["TorchConfig", "TorchTrainer", "get_device", "prepare_data_loader", "prepare_model"]
