@@ -333,7 +333,7 @@ class _Fetcher:
 
     def fetch(self, filename: str, md5: str, dest: str) -> str:
         tried: list[tuple[str, str]] = []
-        mismatch = False
+        mismatches = 0
         for mirror in self.mirrors:
             url = _file_url(mirror, filename)
             shown = _mask(url)
@@ -349,7 +349,7 @@ class _Fetcher:
                         self.down[mirror] = error
                     continue
                 if actual != md5:
-                    mismatch = True
+                    mismatches += 1
                     tried.append((shown, f"checksum mismatch for {filename}: expected md5 {md5}, "
                                          f"got {actual}"))
                     logger.warning("%s from %s: expected md5 %s, got %s; trying the next mirror.",
@@ -362,15 +362,18 @@ class _Fetcher:
                 if os.path.exists(tmp):
                     os.remove(tmp)
         lines = "\n".join(f"  - {url}: {error}" for url, error in tried)
-        if mismatch:
-            advice = ("A checksum mismatch means the mirror serves a different or corrupt file: fix or drop "
-                      "that mirror, or, for generated or staged data, pass md5s= with the right checksums.")
-        else:
-            advice = (f"Check the network (proxy, firewall), or pass mirrors=[...] or set {MIRRORS_ENV_VAR} "
-                      "to reachable mirrors; a local folder holding the files works as a mirror.")
+        advice = []
+        if mismatches < len(tried):
+            advice.append(f"Check the network (proxy, firewall) and the URLs, or pass mirrors=[...] or set "
+                          f"{MIRRORS_ENV_VAR} to reachable mirrors; a local folder holding the files works "
+                          "as a mirror.")
+        if mismatches:
+            advice.append("A checksum mismatch means the mirror serves a different or corrupt file: fix or "
+                          "drop that mirror, or, for generated or staged data, pass md5s= with the right "
+                          "checksums.")
         raise DatasetDownloadError(
             f"Could not fetch {filename} of data set {self.dataset!r} with md5 {md5} from any of "
-            f"{len(tried)} mirror(s):\n{lines}\n{advice}",
+            f"{len(tried)} mirror(s):\n{lines}\n" + "\n".join(advice),
             dataset=self.dataset, filename=filename, attempts=tried)
 
     def _download(self, url: str, tmp: str) -> tuple[str | None, str | None, bool]:
