@@ -170,10 +170,11 @@ class Controller:
                             self._add_report(pending, world_size, other, late)
                     return failure
         if pending:
-            counts = {}
+            # Every rank's last step this attempt (committed steps were reported by all ranks).
+            counts = {rank: min(pending) - 1 for rank in range(world_size)}
             for step, ranks in pending.items():
                 for rank in ranks:
-                    counts[rank] = max(counts.get(rank, 0), step)
+                    counts[rank] = max(counts[rank], step)
             return WorkerError(
                 rank=min(set(range(world_size)) - set(pending[min(pending)])),
                 cause=(f"the workers called report() different numbers of times (last step per rank: "

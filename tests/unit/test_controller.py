@@ -1,0 +1,261 @@
+"""The controller's state machine, driven by a fake worker group: no Ray, no processes.
+
+Each fake attempt is a script of (rank, message) batches; the controller reads it
+through the same WorkerGroup protocol the Ray group implements.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import fsspec
+import pytest
+
+from trainlib._internal.callbacks import Callback, RunInfo
+from trainlib._internal.config import CheckpointConfig, FailureConfig
+from trainlib._internal.controller import Controller, FailurePolicy, RunState
+from trainlib._internal.errors import StorageError, TrainingFailedError
+from trainlib._internal.session import DONE, ERROR, REPORT
+from trainlib._internal.storage import RunStorage
+
+
+def report(rank, step, metrics=None, manifest=None):
+    return (rank, (REPORT, rank, step, metrics or {"step": step}, manifest, time.time()))
+
+
+def done(rank):
+    return (rank, (DONE, rank))
+
+
+def error(rank, cause="ValueError: boom", tb="Traceback (most recent call last):\n  ...\nValueError: boom\n"):
+    return (rank, (ERROR, rank, cause, tb, None))
+
+
+class FakeGroup:
+    """Plays back one attempt's scripted messages, one batch per ``wait()``."""
+
+    def __init__(self, script, world_size, nodes=None, storage=None, files=None):
+        self.script = list(script)
+        self.world_size = world_size
+        self.nodes = nodes or ["node-a"] * world_size
+        self.storage = storage
+        self.files = files or {}  # step -> {relpath: bytes}, written before the report arrives
+        self.started_with = None
+        self.shut_down = False
+        self.plan = None
+
+    def start_actors(self):
+        pass
+
+    def placements(self):
+        return [{"node_id": n, "node_ip": f"10.0.0.{i}", "pid": 100 + i, "gpu_ids": []}
+                for i, n in enumerate(self.nodes)]
+
+    def start(self, train_func, config, experiment_name, storage, checkpoint, first_step, attempt):
+        self.started_with = {"checkpoint": checkpoint, "first_step": first_step, "attempt": attempt}
+        return None
+
+    def wait(self):
+        if not self.script:
+            raise AssertionError("the controller waited for more messages than the script holds")
+        batch = self.script.pop(0)
+        batch = batch if isinstance(batch, list) else [batch]
+        for rank, message in batch:
+            if message[0] == REPORT and message[4] is not None:
+                step = message[2]
+                for rel, data in self.files.get((step, rank), {}).items():
+                    path = os.path.join(self.storage.checkpoint_path(step), rel)
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    with open(path, "wb") as f:
+                        f.write(data)
+        return batch
+
+    def flush(self, timeout):
+        return []
+
+    def shutdown(self):
+        self.shut_down = True
+
+
+class Recorder(Callback):
+    def __init__(self):
+        self.events = []
+
+    def after_report(self, run, report):
+        self.events.append(("report", report.step, report.checkpoint is not None, report.attempt))
+
+    def after_failure(self, run, failure, will_restart):
+        self.events.append(("failure", failure.rank, will_restart))
+
+    def after_checkpoint_deleted(self, run, checkpoint):
+        self.events.append(("deleted", os.path.basename(checkpoint.path)))
+
+
+@pytest.fixture
+def storage(tmp_path):
+    return RunStorage(fsspec.filesystem("file"), str(tmp_path / "runs"), "run")
+
+
+def make_controller(storage, attempts, *, max_failures=0, checkpoint_config=None, callbacks=None):
+    groups = list(attempts)
+    made = []
+
+    def make_group():
+        group = groups.pop(0)
+        made.append(group)
+        return group
+
+    info = RunInfo(name="run", path=storage.uri(), world_size=2, use_gpu=False, train_loop_config=None,
+                   scaling_config={}, resumed_from=None, state={})
+    controller = Controller(
+        train_func=lambda: None, train_loop_config=None, storage=storage, make_worker_group=make_group,
+        checkpoint_config=checkpoint_config or CheckpointConfig(), failure_config=FailureConfig(max_failures),
+        callbacks=callbacks or [], run_info=info, verbose=False,
+    )
+    return controller, made
+
+
+def ckpt_files(step):
+    return {(step, 0): {"model.pt": b"w" * (10 + step)}, (step, 1): {"rank1/shard.pt": b"s" * 7}}
+
+
+def manifests(step):
+    return {0: {"model.pt": 10 + step}, 1: {"rank1/shard.pt": 7}}
+
+
+def reports_with_ckpt(step):
+    m = manifests(step)
+    return [report(0, step, {"loss": 1.0 / step}, m[0]), report(1, step, {"loss": 9.0}, m[1])]
+
+
+def test_failure_policy_counts():
+    assert not FailurePolicy(0).should_restart(1)
+    assert FailurePolicy(1).should_restart(1) and not FailurePolicy(1).should_restart(2)
+    assert all(FailurePolicy(-1).should_restart(n) for n in (1, 10, 10_000))
+
+
+def test_reports_from_all_ranks_commit_one_checkpoint(storage):
+    files = {**ckpt_files(1), **ckpt_files(2)}
+    group = FakeGroup([*reports_with_ckpt(1), reports_with_ckpt(2), done(0), done(1)], 2, storage=storage,
+                      files=files)
+    recorder = Recorder()
+    controller, _ = make_controller(storage, [group], callbacks=[recorder])
+    controller.run()
+    assert controller.state is RunState.FINISHED and group.shut_down
+    committed = storage.committed_checkpoints()
+    assert [c.step for c in committed] == [1, 2]
+    # Rank 0's metrics are the run's; the manifest merges every rank's files.
+    assert committed[-1].metrics == {"loss": 0.5}
+    marker = storage.read_json(os.path.join(committed[-1].path, ".trainlib_commit.json"))
+    assert marker["files"] == {"model.pt": 12, "rank1/shard.pt": 7}
+    rows = storage.read_metrics_log()
+    assert [(r["step"], r["checkpoint"]) for r in rows] == [(1, "checkpoint_000001"), (2, "checkpoint_000002")]
+    assert recorder.events == [("report", 1, True, 0), ("report", 2, True, 0)]
+
+
+def test_report_missing_from_one_rank_is_not_committed(storage):
+    # Rank 0 reports step 2 with its checkpoint files, rank 1 fails before reporting step 2.
+    files = {**ckpt_files(1), **ckpt_files(2)}
+    m = manifests(2)
+    group = FakeGroup([reports_with_ckpt(1), report(0, 2, {"loss": 0.5}, m[0]), error(1)], 2,
+                      storage=storage, files=files)
+    recorder = Recorder()
+    controller, _ = make_controller(storage, [group], callbacks=[recorder])
+    with pytest.raises(TrainingFailedError):
+        controller.run()
+    assert controller.state is RunState.ERRORED
+    assert [c.step for c in storage.committed_checkpoints()] == [1]
+    assert [r["step"] for r in storage.read_metrics_log()] == [1]
+    assert ("report", 2, True, 0) not in recorder.events
+    # The half-reported folder exists on disk but is not a checkpoint; the next attempt clears it.
+    assert os.path.isdir(storage.checkpoint_path(2))
+    assert storage.remove_uncommitted() == [storage.checkpoint_path(2)]
+
+
+def test_mismatched_report_counts_fail_with_a_clear_error(storage):
+    group = FakeGroup([report(0, 1), report(1, 1), report(0, 2), done(0), done(1)], 2, storage=storage)
+    controller, _ = make_controller(storage, [group])
+    with pytest.raises(TrainingFailedError) as info:
+        controller.run()
+    failure = info.value.failures[0]
+    assert failure.rank == 1
+    assert "report() different numbers of times" in failure.cause
+    assert "{0: 2, 1: 1}" in failure.cause and "same number of times" in failure.cause
+    assert [r["step"] for r in storage.read_metrics_log()] == [1]
+
+
+def test_max_failures_zero_fails_with_rank_cause_and_traceback(storage):
+    group = FakeGroup([reports_with_ckpt(1), error(1, "RuntimeError: data loader broke",
+                                                   "Traceback ...\nRuntimeError: data loader broke\n")],
+                      2, storage=storage, files=ckpt_files(1))
+    recorder = Recorder()
+    controller, made = make_controller(storage, [group], max_failures=0, callbacks=[recorder])
+    with pytest.raises(TrainingFailedError) as info:
+        controller.run()
+    assert len(made) == 1 and group.shut_down
+    err = info.value
+    assert [f.rank for f in err.failures] == [1]
+    text = str(err)
+    assert "worker rank 1" in text and "RuntimeError: data loader broke" in text and "Traceback ..." in text
+    assert recorder.events[-1] == ("failure", 1, False)
+
+
+def test_restart_resumes_from_latest_checkpoint_up_to_max_failures(storage):
+    files = {**ckpt_files(1), **ckpt_files(2), **ckpt_files(3)}
+    first = FakeGroup([reports_with_ckpt(1), reports_with_ckpt(2), error(0, "OSError: disk")], 2,
+                      storage=storage, files=files)
+    second = FakeGroup([reports_with_ckpt(3), [done(0), done(1)]], 2, storage=storage, files=files)
+    recorder = Recorder()
+    controller, made = make_controller(storage, [first, second], max_failures=1, callbacks=[recorder])
+    controller.run()
+    assert controller.state is RunState.FINISHED
+    assert first.started_with == {"checkpoint": None, "first_step": 1, "attempt": 0}
+    assert second.started_with["first_step"] == 3 and second.started_with["attempt"] == 1
+    assert second.started_with["checkpoint"].path == storage.checkpoint_path(2)
+    assert ("failure", 0, True) in recorder.events
+    rows = storage.read_metrics_log()
+    assert [(r["step"], r["attempt"]) for r in rows] == [(1, 0), (2, 0), (3, 1)]
+
+
+def test_failures_beyond_max_failures_carry_the_history(storage):
+    attempts = [FakeGroup([error(i % 2, f"ValueError: failure {i}")], 2, storage=storage) for i in range(3)]
+    controller, made = make_controller(storage, attempts, max_failures=2)
+    with pytest.raises(TrainingFailedError) as info:
+        controller.run()
+    assert len(made) == 3
+    causes = [f.cause for f in info.value.failures]
+    assert causes == ["ValueError: failure 0", "ValueError: failure 1", "ValueError: failure 2"]
+    text = str(info.value)
+    assert "max_failures=2" in text and "attempt 1: rank 0" in text and "attempt 3: rank 0" in text
+
+
+def test_unlimited_restarts(storage):
+    attempts = [FakeGroup([error(0)], 2, storage=storage) for _ in range(7)]
+    attempts.append(FakeGroup([[done(0), done(1)]], 2, storage=storage))
+    controller, made = make_controller(storage, attempts, max_failures=-1)
+    controller.run()
+    assert controller.state is RunState.FINISHED and len(made) == 8 and len(controller.failures) == 7
+
+
+def test_local_storage_on_several_nodes_fails_before_training(storage):
+    group = FakeGroup([], 2, nodes=["node-a", "node-b"], storage=storage)
+    controller, _ = make_controller(storage, [group])
+    with pytest.raises(StorageError, match="shared storage") as info:
+        controller.run()
+    assert "RunConfig.storage_path" in str(info.value)
+    assert group.started_with is None and group.shut_down
+
+
+def test_retention_runs_on_commit_and_notifies(storage):
+    files = {**ckpt_files(1), **ckpt_files(2), **ckpt_files(3)}
+    group = FakeGroup([reports_with_ckpt(1), reports_with_ckpt(2), reports_with_ckpt(3), [done(0), done(1)]],
+                      2, storage=storage, files=files)
+    recorder = Recorder()
+    controller, _ = make_controller(storage, [group], callbacks=[recorder],
+                                    checkpoint_config=CheckpointConfig(num_to_keep=1))
+    controller.run()
+    assert [c.step for c in storage.committed_checkpoints()] == [3]
+    assert not os.path.exists(storage.checkpoint_path(1))
+    assert ("deleted", "checkpoint_000001") in recorder.events
+    assert ("deleted", "checkpoint_000002") in recorder.events
