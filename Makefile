@@ -1,0 +1,32 @@
+# One venv for everything; `make run` runs the pipeline on embedded defaults, `make test` the tests.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: venv run tutorial test test-fast bench clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, from the exact releases the CI machines hold on disk (no 3 GB download).
+	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install -q -e ".[test]" --config-settings editable_mode=compat
+	touch $@
+
+run: venv
+	$(BIN)/python -m flows.main $(ARGS)
+
+tutorial: venv
+	$(BIN)/python examples/tutorial.py
+
+test: venv
+	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/pip install -q -e ".[bench]" --config-settings editable_mode=compat
+	$(BIN)/python bench/bench_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache
