@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 
-import cloudpickle
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 import trainlib
 from trainlib.torch import TorchTrainer, prepare_data_loader, prepare_model
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 N_FEATURES = 6
 STEPS = 4

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import queue
 import socket
+import sys
 import threading
 from typing import Any, Callable
 
@@ -62,23 +63,24 @@ class TrainWorker:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def start(self, train_func: Callable, config: dict | None, info: WorkerInfo, storage: RunStorage,
-              checkpoint: Checkpoint | None, first_step: int, master_addr: str, master_port: int,
-              env: dict[str, str]) -> None:
-        """Start the training function in a thread and return."""
+    def start(self, train_func: bytes, driver_sys_path: list[str], config: dict | None, info: WorkerInfo,
+              storage: RunStorage, checkpoint: Checkpoint | None, first_step: int, master_addr: str,
+              master_port: int, env: dict[str, str]) -> None:
+        """Start the training function (pickled by the driver) in a thread and return."""
         os.environ.update(env)
         self.session = WorkerSession(info, storage, checkpoint, first_step, self.outbox)
         thread = threading.Thread(
-            target=self._run, args=(train_func, config, info, master_addr, master_port),
+            target=self._run, args=(train_func, driver_sys_path, config, info, master_addr, master_port),
             name="trainlib-train", daemon=True,
         )
         thread.start()
 
-    def _run(self, train_func: Callable, config: dict | None, info: WorkerInfo, master_addr: str,
-             master_port: int) -> None:
+    def _run(self, train_func_bytes: bytes, driver_sys_path: list[str], config: dict | None, info: WorkerInfo,
+             master_addr: str, master_port: int) -> None:
         assert self.session is not None
         set_session(self.session)
         try:
+            train_func = _load_train_func(train_func_bytes, driver_sys_path)
             self.backend.on_start(info, master_addr, master_port)
             if config is None:
                 train_func()
@@ -109,3 +111,22 @@ class TrainWorker:
                 messages.append(self.outbox.get_nowait())
             except queue.Empty:
                 return messages
+
+
+def _load_train_func(payload: bytes, driver_sys_path: list[str]) -> Callable:
+    """Unpickle the training function; modules it references import as they do on the driver."""
+    import cloudpickle
+
+    # On the driver's node the driver's import path exists too: use it, so a function from a
+    # module next to the user's script (or a test module) imports here as it does there.
+    for entry in driver_sys_path:
+        if entry and entry not in sys.path and os.path.isdir(entry):
+            sys.path.append(entry)
+    try:
+        return cloudpickle.loads(payload)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            f"{exc}: the training function refers to a module that this worker cannot import. Install it "
+            "on every node (pip install -e .), or ship it with ray.init(runtime_env={'py_modules': [...]}) "
+            "or {'working_dir': ...}."
+        ) from exc

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import sys
 from typing import Any, Callable
 
+import cloudpickle
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -65,8 +67,8 @@ def check_resources(scaling: ScalingConfig, nodes: list[dict[str, Any]]) -> None
     if fits < scaling.num_workers:
         raise ResourcesUnavailableError(
             f"ScalingConfig asks for {scaling.num_workers} workers x {_fmt(per_worker)} "
-            f"({scaling.placement_strategy}), but the Ray cluster ({cluster} over {len(alive)} node(s)) "
-            f"can hold at most {fits}: {fix}."
+            f"({scaling.placement_strategy}), but the cluster has {cluster} over {len(alive)} node(s) and "
+            f"can hold at most {fits} such workers: {fix}."
         )
 
 
@@ -186,9 +188,9 @@ class RayWorkerGroup:
         self._actors = [by_index[i] for i in plan.order]
         self._placements = [placements[i] for i in plan.order]
         self.plan = plan
-        train_func_ref = ray.put(train_func)
+        train_func_ref = ray.put(cloudpickle.dumps(train_func))
         ray.get([
-            actor.start.remote(train_func_ref, config, plan.infos[rank], storage, checkpoint, first_step,
+            actor.start.remote(train_func_ref, list(sys.path), config, plan.infos[rank], storage, checkpoint, first_step,
                                plan.envs[rank]["MASTER_ADDR"], master_port, plan.envs[rank])
             for rank, actor in enumerate(self._actors)
         ])

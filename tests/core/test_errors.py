@@ -1,0 +1,200 @@
+"""Failures surface with the failing rank and its traceback; bad input fails fast and says what to do."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+
+import trainlib
+import trainlib.torch as trainlib_torch
+from trainlib.torch import TorchTrainer
+
+
+def _trainer(func, storage_path, config=None, **scaling):
+    return TorchTrainer(func, train_loop_config=config,
+                        scaling_config=trainlib.ScalingConfig(**{"num_workers": 2, **scaling}),
+                        run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False))
+
+
+def failing_train_func(config):
+    rank = trainlib.get_context().get_world_rank()
+    with open(os.path.join(config["pid_dir"], f"rank{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    trainlib.report({"step": 0})
+    if rank == 1:
+        raise_deep_inside(config["message"])
+    time.sleep(600)  # rank 0 would wait "forever": the driver must stop it
+
+
+def raise_deep_inside(message):
+    raise ValueError(message)
+
+
+def test_fit_raises_with_the_failing_rank_and_its_traceback_and_stops_the_others(ray_session, storage_path, tmp_path):
+    with pytest.raises(trainlib.TrainingFailedError) as info:
+        _trainer(failing_train_func, storage_path, {"pid_dir": str(tmp_path), "message": "bad batch 42"}).fit()
+    error = info.value
+    text = str(error)
+    assert "rank 1" in text
+    assert "ValueError: bad batch 42" in text
+    assert "raise_deep_inside" in text  # the original traceback, not a Ray wrapper's
+    assert text.count("Traceback (most recent call last)") == 1
+    assert isinstance(error.failures[-1].__cause__, ValueError)
+    assert error.failures[-1].rank == 1
+    # Every worker process is gone, the sleeping rank 0 included.
+    pids = [int((tmp_path / f"rank{r}.pid").read_text()) for r in (0, 1)]
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, f"worker processes {pids} still alive"
+        time.sleep(0.2)
+    # The run is recorded as failed, with what it reported before.
+    result = trainlib.Result.from_path(error_path(storage_path))
+    assert result.error is not None and "bad batch 42" in str(result.error)
+
+
+def error_path(storage_path):
+    (name,) = os.listdir(storage_path)
+    return os.path.join(storage_path, name)
+
+
+def noop_train_func():
+    trainlib.report({"x": 1})
+
+
+@pytest.mark.parametrize("scaling, expected", [
+    ({"use_gpu": True}, "GPU"),
+    ({"resources_per_worker": {"CPU": 64}}, "CPU: 64"),
+    ({"num_workers": 40}, "can hold at most"),
+    ({"resources_per_worker": {"CPU": 1, "TPU": 1}}, "TPU"),
+])
+def test_unsatisfiable_resources_fail_within_seconds(ray_session, storage_path, scaling, expected):
+    start = time.monotonic()
+    with pytest.raises(trainlib.ResourcesUnavailableError) as info:
+        _trainer(noop_train_func, storage_path, **scaling).fit()
+    elapsed = time.monotonic() - start
+    message = str(info.value)
+    assert expected in message and "the cluster has" in message, message
+    assert "ScalingConfig" in message or "resources_per_worker" in message
+    assert elapsed < 30, f"took {elapsed:.1f}s: an impossible request must not wait for the placement timeout"
+
+
+def test_resources_held_by_others_time_out_with_what_is_free(ray_session, storage_path):
+    import ray
+
+    @ray.remote(num_cpus=3)
+    class Hog:
+        def ping(self):
+            return 1
+
+    hog = Hog.remote()
+    ray.get(hog.ping.remote())
+    try:
+        trainer = TorchTrainer(noop_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2,
+                                                                                       placement_timeout_s=2),
+                               run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False))
+        with pytest.raises(trainlib.ResourcesUnavailableError, match=r"Timed out after 2s .* free"):
+            trainer.fit()
+    finally:
+        ray.kill(hog)
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: trainlib.ScalingConfig(num_workers=0), "num_workers"),
+    (lambda: trainlib.ScalingConfig(num_workers=-3), "num_workers"),
+    (lambda: trainlib.ScalingConfig(num_workers="2"), "num_workers"),
+    (lambda: trainlib.ScalingConfig(resources_per_worker={"CPU": -1}), "resources_per_worker"),
+    (lambda: trainlib.ScalingConfig(resources_per_worker={"GPU": 1}), "use_gpu=True"),
+    (lambda: trainlib.ScalingConfig(placement_strategy="ANYWHERE"), "PACK"),
+    (lambda: trainlib.CheckpointConfig(num_to_keep=0), "num_to_keep"),
+    (lambda: trainlib.CheckpointConfig(checkpoint_score_order="up"), "'max'"),
+    (lambda: trainlib.FailureConfig(max_failures=-2), "max_failures"),
+    (lambda: trainlib.RunConfig(name="../escape"), "RunConfig.name"),
+    (lambda: trainlib.RunConfig(if_exists="replace"), "if_exists"),
+])
+def test_bad_configs_name_the_field_and_the_fix(make, field):
+    with pytest.raises((ValueError, TypeError)) as info:
+        make()
+    assert field in str(info.value)
+
+
+def takes_nothing():
+    pass
+
+
+def takes_two(a, b):
+    pass
+
+
+def takes_config(config):
+    pass
+
+
+def test_train_func_signature_must_fit_the_config():
+    with pytest.raises(TypeError, match="takes no arguments"):
+        TorchTrainer(takes_nothing, train_loop_config={"lr": 0.1})
+    with pytest.raises(TypeError, match="2 required arguments"):
+        TorchTrainer(takes_two)
+    TorchTrainer(takes_config)  # no config: it gets {} as Ray Train does
+    TorchTrainer(takes_nothing)
+    with pytest.raises(TypeError, match="train_loop_config must be a dict"):
+        TorchTrainer(takes_config, train_loop_config=[1, 2])
+
+
+def test_unserialisable_config_names_the_key():
+    with pytest.raises(TypeError, match=r"train_loop_config\['lock'\] \(lock\) cannot be serialised"):
+        TorchTrainer(takes_config, train_loop_config={"lr": 0.1, "lock": threading.Lock()})
+
+
+def bad_metrics_train_func(config):
+    trainlib.report(config["metrics"])
+
+
+@pytest.mark.parametrize("metrics, expected", [
+    ([1, 2], "takes a dict of numbers, got list"),
+    ({"loss": [0.1, 0.2]}, "metrics['loss'] is list"),
+    ({"loss": "low"}, "metrics['loss'] is str"),
+    ({"loss": torch.tensor(0.5)}, "call .item()"),
+    ({1: 0.5}, "metric names must be strings"),
+])
+def test_report_rejects_non_numeric_metrics(ray_session, storage_path, metrics, expected):
+    with pytest.raises(trainlib.TrainingFailedError) as info:
+        TorchTrainer(bad_metrics_train_func, train_loop_config={"metrics": metrics},
+                     scaling_config=trainlib.ScalingConfig(num_workers=1),
+                     run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False)).fit()
+    assert expected in str(info.value)
+
+
+def test_report_accepts_numpy_and_python_scalars():
+    import numpy as np
+
+    from trainlib._internal.session import validate_metrics
+
+    clean = validate_metrics({"a": np.float32(0.5), "b": 3, "c": True, "d": np.int64(7)})
+    assert clean == {"a": 0.5, "b": 3, "c": True, "d": 7}
+    assert type(clean["a"]) is float
+
+
+@pytest.mark.parametrize("call", [
+    lambda: trainlib.report({"loss": 1.0}),
+    lambda: trainlib.get_context(),
+    lambda: trainlib.get_checkpoint(),
+])
+def test_worker_functions_outside_a_worker_say_where_to_call_them(call):
+    with pytest.raises(RuntimeError, match="outside a training worker.*train_loop_per_worker"):
+        call()
+
+
+def test_public_api_is_pinned():
+    assert sorted(trainlib.__all__) == sorted([
+        "Callback", "Checkpoint", "CheckpointConfig", "FailureConfig", "ReportRecord",
+        "ResourcesUnavailableError", "Result", "RunConfig", "RunExistsError", "RunInfo", "ScalingConfig",
+        "StorageError", "TrainContext", "TrainingFailedError", "TrainlibError", "WorkerError",
+        "get_checkpoint", "get_context", "report",
+    ])
+    assert sorted(trainlib_torch.__all__) == ["TorchConfig", "TorchTrainer", "get_device", "prepare_data_loader",
+                                              "prepare_model"]
