@@ -21,3 +21,11 @@ WORKER_START_TIMEOUT_S = 300.0
 
 # How long stopped workers get to exit before they are killed.
 WORKER_STOP_GRACE_S = 2.0
+
+# MLflow tracking (trainlib.mlflow): every call of the logger's own client is bounded, so a
+# tracking outage costs the driver seconds, never the run. Failed calls are spooled locally.
+MLFLOW_HTTP_MAX_RETRIES = 2
+MLFLOW_HTTP_BACKOFF_FACTOR = 1
+MLFLOW_HTTP_TIMEOUT_S = 10
+# While the server is unreachable, try it again at most this often (one bounded probe).
+MLFLOW_RECONNECT_INTERVAL_S = 5.0
