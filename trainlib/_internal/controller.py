@@ -107,6 +107,8 @@ class Controller:
             group = self.make_worker_group()
             try:
                 failure = self._run_attempt(group)
+            except WorkerError as error:  # an actor died while the group was starting
+                failure = error
             finally:
                 group.shutdown()
             if failure is None:

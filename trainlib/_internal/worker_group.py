@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from trainlib._internal import tunables
 from trainlib._internal.checkpoint import Checkpoint
 from trainlib._internal.config import ScalingConfig
-from trainlib._internal.errors import ResourcesUnavailableError
+from trainlib._internal.errors import ResourcesUnavailableError, WorkerError
 from trainlib._internal.session import ERROR, WorkerInfo
 from trainlib._internal.storage import RunStorage
 from trainlib._internal.worker import TrainWorker, WorkerBackend
@@ -168,9 +168,11 @@ class RayWorkerGroup:
 
     def placements(self) -> list[dict[str, Any]]:
         """Where each actor landed (waits for the actors to finish starting)."""
+        refs = [a.describe.remote() for a in self._actors]
         try:
-            self._placements = ray.get([a.describe.remote() for a in self._actors],
-                                       timeout=tunables.WORKER_START_TIMEOUT_S)
+            self._placements = ray.get(refs, timeout=tunables.WORKER_START_TIMEOUT_S)
+        except RayActorError as exc:
+            raise self._start_failure(refs, exc) from None
         except GetTimeoutError:
             raise ResourcesUnavailableError(
                 f"Worker actors did not start within {tunables.WORKER_START_TIMEOUT_S:.0f}s."
@@ -189,11 +191,15 @@ class RayWorkerGroup:
         self._placements = [placements[i] for i in plan.order]
         self.plan = plan
         train_func_ref = ray.put(cloudpickle.dumps(train_func))
-        ray.get([
-            actor.start.remote(train_func_ref, list(sys.path), config, plan.infos[rank], storage, checkpoint, first_step,
-                               plan.envs[rank]["MASTER_ADDR"], master_port, plan.envs[rank])
+        refs = [
+            actor.start.remote(train_func_ref, list(sys.path), config, plan.infos[rank], storage, checkpoint,
+                               first_step, plan.envs[rank]["MASTER_ADDR"], master_port, plan.envs[rank])
             for rank, actor in enumerate(self._actors)
-        ])
+        ]
+        try:
+            ray.get(refs)
+        except RayActorError as exc:
+            raise self._start_failure(refs, exc) from None
         self._pending = {actor.next_messages.remote(): rank for rank, actor in enumerate(self._actors)}
         return plan
 
@@ -211,6 +217,20 @@ class RayWorkerGroup:
             if not any(m[0] in ("done", ERROR) for m in messages):
                 self._pending[self._actors[rank].next_messages.remote()] = rank
         return out
+
+    def _start_failure(self, refs: list, exc: BaseException) -> WorkerError:
+        """A WorkerError for the first actor that died while the group was starting."""
+        rank = 0
+        for index, ref in enumerate(refs):
+            try:
+                ray.get(ref, timeout=0)
+            except RayActorError:
+                rank = index
+                break
+            except Exception:  # noqa: BLE001 - not finished or another error: not the dead one
+                continue
+        _, _, cause, _, _ = self._death_message(rank, exc)
+        return WorkerError(rank=rank, cause=f"while the group was starting, {cause}")
 
     def _death_message(self, rank: int, exc: BaseException) -> tuple:
         p = self._placements[rank] if rank < len(self._placements) else {}
