@@ -1,0 +1,430 @@
+"""Overhead benchmark: the tutorial's job on trainlib, Ray Train, torchrun and plain PyTorch.
+
+    make bench                                    # = python bench/bench_overhead.py
+    python bench/bench_overhead.py --steps 5 --repeats 1 --results-dir /tmp/bench   # a quick try
+
+Runs on the machine that calls it (the driver of nothing: every job is a fresh
+subprocess). Each variant trains the tutorial's ResNet18 on the real FashionMNIST
+for ``--steps`` optimizer steps per worker, with 2 workers (plain PyTorch: one
+process), and saves rank 0's state_dict once at the end through the framework's own
+mechanism. Variants are interleaved, ``--repeats`` times each, in a rotated order.
+
+For every run, measured from this process:
+
+* wall time: ``Popen`` to exit of the job's process;
+* time to first step: ``Popen`` to the moment rank 0 holds its first batch
+  (``time.time()`` written by the job; same clock, same machine);
+* steady-state steps/s: 1 / median interval between rank 0's step ends, skipping
+  the first ``--warmup-steps`` steps;
+* peak memory: the largest sum of RSS over the job's whole process tree, sampled
+  every ``--sample-interval`` seconds: for Ray variants the driver, GCS, raylet,
+  dashboard/agents, the Ray Train controller and the worker processes (every
+  descendant, kept track of even if re-parented). RSS counts shared pages (torch's
+  libraries) once per process, so it overstates physical memory equally for all.
+
+Writes ``<results-dir>/overhead.json`` (raw runs, medians, ratios, machine info,
+load average before/after) and ``<results-dir>/overhead.md`` (the tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import psutil
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOBS = os.path.join(REPO, "bench", "jobs")
+sys.path.insert(0, REPO)
+
+VARIANTS = {
+    "trainlib": "trainlib TorchTrainer",
+    "raytrain": "Ray Train TorchTrainer",
+    "torchrun": "torchrun + DDP by hand",
+    "plain": "plain PyTorch, 1 process",
+}
+TARGET_WALL_RATIO = 0.6      # trainlib wall / Ray Train wall, at most
+TARGET_THROUGHPUT_RATIO = 0.97  # trainlib steps/s / torchrun steps/s, at least
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per worker (default 30)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each variant; medians are reported (default 3)")
+    parser.add_argument("--warmup-steps", type=int, default=5,
+                        help="steps left out of the steady-state throughput (default 5)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated subset of {','.join(VARIANTS)} (default all)")
+    parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "datasets", "fashion-mnist"),
+                        help="folder with FashionMNIST's four .gz files (default ../shared/datasets/fashion-mnist)")
+    parser.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"),
+                        help="where overhead.json and overhead.md go (default bench/results)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take (default 900)")
+    parser.add_argument("--sample-interval", type=float, default=0.2, help="memory sampling period in seconds")
+    args = parser.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        parser.error(f"--variants={args.variants!r}: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    if args.steps <= args.warmup_steps + 1:
+        parser.error(f"--steps={args.steps} must exceed --warmup-steps={args.warmup_steps} by 2 or more, "
+                     "so some steady-state intervals remain")
+    if args.repeats < 1:
+        parser.error(f"--repeats={args.repeats}: use 1 or more")
+    if not os.path.isdir(args.data):
+        parser.error(f"--data={args.data!r} is not a folder: pass the folder holding train-images-idx3-ubyte.gz etc.")
+    args.variants = variants
+    return args
+
+
+class TreeSampler(threading.Thread):
+    """Samples the summed RSS of a process and all its descendants until stopped."""
+
+    def __init__(self, pid: int, interval: float):
+        super().__init__(daemon=True, name="rss-sampler")
+        self.root = psutil.Process(pid)
+        self.interval = interval
+        self.known: dict[int, psutil.Process] = {pid: self.root}
+        self.names: dict[int, str] = {}
+        self.peak_bytes = 0
+        self.peak_processes = 0
+        self.samples = 0
+        self._halt = threading.Event()
+
+    def _discover(self) -> None:
+        # Children of every process seen so far: a Ray worker whose parent exited is still found.
+        for proc in list(self.known.values()):
+            try:
+                for child in proc.children(recursive=True):
+                    if child.pid not in self.known:
+                        self.known[child.pid] = child
+                        try:
+                            self.names[child.pid] = " ".join(child.cmdline()[:3])[:120] or child.name()
+                        except psutil.Error:
+                            self.names[child.pid] = "?"
+            except psutil.Error:
+                pass
+
+    def sample(self) -> None:
+        self._discover()
+        total, alive = 0, 0
+        for proc in list(self.known.values()):
+            try:
+                total += proc.memory_info().rss
+                alive += 1
+            except psutil.Error:
+                pass
+        self.samples += 1
+        if total > self.peak_bytes:
+            self.peak_bytes, self.peak_processes = total, alive
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.sample()
+            self._halt.wait(self.interval)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+    def leftovers(self, grace_s: float) -> list[psutil.Process]:
+        """Descendants still alive ``grace_s`` seconds after the job's process exited."""
+        deadline = time.time() + grace_s
+        while True:
+            self._discover()
+            alive = [p for pid, p in self.known.items() if pid != self.root.pid and _alive(p)]
+            if not alive or time.time() >= deadline:
+                return alive
+            time.sleep(0.2)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def command(variant: str, steps: int, data_root: str, storage: str, out: str) -> list[str]:
+    job_args = ["--steps", str(steps), "--data-root", data_root, "--storage", storage, "--out", out]
+    if variant == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                os.path.join(JOBS, "torchrun_job.py"), *job_args]
+    return [sys.executable, os.path.join(JOBS, f"{variant}_job.py"), *job_args]
+
+
+def job_env() -> dict[str, str]:
+    """The environment of every job: this one, without thread or Ray settings, so each framework picks its own."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
+    # The jobs import bench/jobs/common.py; Ray workers inherit this path from the driver's environment.
+    env["PYTHONPATH"] = os.pathsep.join([JOBS, REPO] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU only, for every variant
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_once(variant: str, args: argparse.Namespace, data_root: str, workdir: str, index: int) -> dict[str, Any]:
+    run_dir = os.path.join(workdir, f"{index:03d}_{variant}")
+    out, storage = os.path.join(run_dir, "out"), os.path.join(run_dir, "storage")
+    os.makedirs(out)
+    os.makedirs(storage)
+    log_path = os.path.join(run_dir, "log.txt")
+    load_before = os.getloadavg()
+    with open(log_path, "wb") as log:
+        t0 = time.time()
+        proc = subprocess.Popen(command(variant, args.steps, data_root, storage, out), cwd=REPO, env=job_env(),
+                                stdout=log, stderr=subprocess.STDOUT)
+        sampler = TreeSampler(proc.pid, args.sample_interval)
+        sampler.start()
+        try:
+            rc = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        t_exit = time.time()
+        sampler.stop()
+    leftovers = sampler.leftovers(grace_s=10.0)
+    for p in leftovers:  # our own descendants that outlived the job: end them, one by one
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    record: dict[str, Any] = {
+        "variant": variant, "index": index, "returncode": rc, "start": t0, "wall_s": t_exit - t0,
+        "peak_rss_bytes": sampler.peak_bytes, "processes_at_peak": sampler.peak_processes,
+        "processes_seen": len(sampler.known), "memory_samples": sampler.samples,
+        "leftover_processes": [sampler.names.get(p.pid, str(p.pid)) for p in leftovers],
+        "load_average_at_start": load_before,
+    }
+    rank0_path, driver_path = os.path.join(out, "rank0.json"), os.path.join(out, "driver.json")
+    if rc != 0 or not os.path.exists(rank0_path):
+        with open(log_path, "rb") as f:
+            record["error"] = f.read()[-4000:].decode(errors="replace")
+        return record
+    with open(rank0_path) as f:
+        rank0 = json.load(f)
+    driver = {}
+    if os.path.exists(driver_path):
+        with open(driver_path) as f:
+            driver = json.load(f)
+    ends = rank0["step_ends"]
+    intervals = [b - a for a, b in zip(ends, ends[1:])][args.warmup_steps:]
+    script_start = driver.get("start", rank0.get("start"))
+    record.update({
+        "framework": driver.get("framework", rank0.get("framework")),
+        "time_to_first_step_s": rank0["first_step_start"] - t0,
+        "first_step_s": ends[0] - rank0["first_step_start"],
+        "steady_steps_per_s": 1.0 / statistics.median(intervals),
+        "steady_intervals_s": intervals,
+        "steps": len(ends),
+        "world_size": rank0["world_size"],
+        "final_loss": rank0["final_loss"],
+        "checkpoint_bytes": driver.get("checkpoint_bytes", rank0.get("checkpoint_bytes")),
+        "threads": {k: rank0.get(k) for k in ("torch_num_threads", "torch_num_interop_threads",
+                                                "OMP_NUM_THREADS", "MKL_NUM_THREADS")},
+        # Where the time goes, in seconds from Popen.
+        "phases_s": {
+            "interpreter_start": script_start - t0,
+            "imports_done": (driver.get("imported", rank0.get("imported")) - t0),
+            "train_func_enter": rank0["train_func_enter"] - t0,
+            "first_step_start": rank0["first_step_start"] - t0,
+            "last_step_end": ends[-1] - t0,
+            "report_s": rank0["report_end"] - rank0["report_start"],
+            "after_last_step_to_exit": t_exit - ends[-1],
+            **({"fit_end": driver["fit_end"] - t0} if "fit_end" in driver else {}),
+        },
+    })
+    return record
+
+
+def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def summarise(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]:
+    summary = {}
+    for v in variants:
+        ok = [r for r in runs if r["variant"] == v and r["returncode"] == 0 and "error" not in r]
+        phases = {}
+        if ok:
+            for key in ok[0]["phases_s"]:
+                phases[key] = statistics.median(r["phases_s"][key] for r in ok if key in r["phases_s"])
+        summary[v] = {
+            "label": VARIANTS[v], "framework": ok[0]["framework"] if ok else None,
+            "runs_ok": len(ok), "runs_failed": sum(1 for r in runs if r["variant"] == v) - len(ok),
+            "wall_s": median_of(ok, "wall_s"), "time_to_first_step_s": median_of(ok, "time_to_first_step_s"),
+            "steady_steps_per_s": median_of(ok, "steady_steps_per_s"),
+            "peak_rss_bytes": median_of(ok, "peak_rss_bytes"), "phases_s": phases,
+            "world_size": ok[0]["world_size"] if ok else None,
+            "threads": ok[0]["threads"] if ok else None,
+        }
+    return summary
+
+
+def ratios(summary: dict[str, Any]) -> dict[str, Any]:
+    def ratio(a: str, b: str, key: str) -> float | None:
+        if a in summary and b in summary and summary[a][key] and summary[b][key]:
+            return summary[a][key] / summary[b][key]
+        return None
+
+    wall = ratio("trainlib", "raytrain", "wall_s")
+    throughput = ratio("trainlib", "torchrun", "steady_steps_per_s")
+    return {
+        "trainlib_wall_over_raytrain_wall": {"value": wall, "target": f"<= {TARGET_WALL_RATIO}",
+                                             "met": None if wall is None else wall <= TARGET_WALL_RATIO},
+        "trainlib_steps_per_s_over_torchrun": {"value": throughput, "target": f">= {TARGET_THROUGHPUT_RATIO}",
+                                               "met": None if throughput is None
+                                               else throughput >= TARGET_THROUGHPUT_RATIO},
+        "trainlib_time_to_first_step_over_raytrain": ratio("trainlib", "raytrain", "time_to_first_step_s"),
+        "trainlib_peak_rss_over_raytrain": ratio("trainlib", "raytrain", "peak_rss_bytes"),
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+    import torchvision
+    import ray
+
+    return {
+        "logical_cpus": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
+        "torch": torch.__version__, "torchvision": torchvision.__version__, "ray": ray.__version__,
+        "git_commit": _git("rev-parse", "HEAD"), "git_dirty_files": len(_git("status", "--porcelain").splitlines()),
+    }
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    s, r, settings = report["summary"], report["ratios"], report["settings"]
+    lines = [
+        f"Tutorial job (ResNet18, FashionMNIST, batch 128 per worker), {settings['steps']} steps per worker, "
+        f"median of {settings['repeats']} fresh-process runs per variant; steady state skips the first "
+        f"{settings['warmup_steps']} steps. {report['machine']['logical_cpus']} CPUs, torch "
+        f"{report['machine']['torch']}, ray {report['machine']['ray']}.",
+        "",
+        "| variant | workers | wall s | time to first step s | steady steps/s | samples/s | peak RSS (tree) GB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v, row in s.items():
+        samples = None if row["steady_steps_per_s"] is None else row["steady_steps_per_s"] * 128 * row["world_size"]
+        name = row["framework"] or row["label"]
+        failed = f" ({row['runs_failed']} failed)" if row["runs_failed"] else ""
+        lines.append(
+            f"| {name}{failed} | {row['world_size'] or 'n/a'} | {_fmt(row['wall_s'], '.1f')} | "
+            f"{_fmt(row['time_to_first_step_s'], '.1f')} | {_fmt(row['steady_steps_per_s'], '.2f')} | "
+            f"{_fmt(samples, '.0f')} | {_fmt(None if row['peak_rss_bytes'] is None else row['peak_rss_bytes'] / 1e9, '.2f')} |"
+        )
+    w, t = r["trainlib_wall_over_raytrain_wall"], r["trainlib_steps_per_s_over_torchrun"]
+
+    def verdict(x: dict[str, Any]) -> str:
+        return "n/a" if x["met"] is None else ("met" if x["met"] else "MISSED")
+
+    lines += [
+        "",
+        "| ratio | measured | target | |",
+        "|---|---|---|---|",
+        f"| trainlib wall / Ray Train wall | {_fmt(w['value'], '.2f')} | {w['target']} | {verdict(w)} |",
+        f"| trainlib steps/s / torchrun steps/s | {_fmt(t['value'], '.3f')} | {t['target']} | {verdict(t)} |",
+        "",
+        "Where the wall time goes (median seconds from process start):",
+        "",
+        "| variant | imports done | train_func entered | first step | last step | checkpoint report | last step to exit |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v, row in s.items():
+        p = row["phases_s"]
+        if not p:
+            continue
+        lines.append(
+            f"| {v} | {p['imports_done']:.1f} | {p['train_func_enter']:.1f} | {p['first_step_start']:.1f} | "
+            f"{p['last_step_end']:.1f} | {p['report_s']:.2f} | {p['after_last_step_to_exit']:.1f} |"
+        )
+    lb, la = report["load_average_before"], report["load_average_after"]
+    lines += [
+        "",
+        f"Load average (1/5/15 min) before: {lb[0]:.2f}/{lb[1]:.2f}/{lb[2]:.2f}, after: "
+        f"{la[0]:.2f}/{la[1]:.2f}/{la[2]:.2f}. Peak RSS sums every process of the job's tree (for Ray: driver, "
+        "GCS, raylet, agents, workers), so shared library pages count once per process.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from tasks.datasets import torchvision_layout
+
+    load_before = os.getloadavg()
+    workdir = tempfile.mkdtemp(prefix="trainlib-bench-")
+    try:
+        data_root = os.path.join(workdir, "data")
+        torchvision_layout(args.data, data_root)
+        # Warm the page cache for the libraries every job imports, so the first run is not the only cold one.
+        subprocess.run([sys.executable, "-c", "import torch, torchvision, ray, ray.train.torch, trainlib.torch"],
+                       cwd=REPO, env=job_env(), check=True)
+        runs = []
+        index = 0
+        for repeat in range(args.repeats):
+            shift = repeat % len(args.variants)
+            for variant in args.variants[shift:] + args.variants[:shift]:  # rotated, to spread noise
+                record = run_once(variant, args, data_root, workdir, index)
+                record["repeat"] = repeat
+                runs.append(record)
+                index += 1
+                status = "FAILED" if "error" in record else (
+                    f"wall {record['wall_s']:.1f}s, first step {record['time_to_first_step_s']:.1f}s, "
+                    f"{record['steady_steps_per_s']:.2f} steps/s, peak {record['peak_rss_bytes'] / 1e9:.2f} GB")
+                print(f"[{repeat + 1}/{args.repeats}] {variant:9s} {status}", flush=True)
+                if "error" in record:
+                    print(record["error"][-1500:], file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    summary = summarise(runs, args.variants)
+    report = {
+        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join([os.path.relpath(sys.argv[0], REPO) if sys.argv else "bench/bench_overhead.py",
+                             *(argv if argv is not None else sys.argv[1:])]),
+        "settings": {"steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
+                     "batch_size_per_worker": 128, "variants": args.variants, "sample_interval_s": args.sample_interval},
+        "machine": machine_info(),
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "summary": summary, "ratios": ratios(summary), "runs": runs,
+        "peak_rss_includes": "the job's process and every descendant seen while it ran (Ray: driver, gcs_server, "
+                             "raylet, dashboard/agents, log monitor, Ray Train controller, worker processes; "
+                             "torchrun: launcher and its 2 ranks)",
+    }
+    os.makedirs(args.results_dir, exist_ok=True)
+    with open(os.path.join(args.results_dir, "overhead.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    table = markdown(report)
+    with open(os.path.join(args.results_dir, "overhead.md"), "w") as f:
+        f.write("# Overhead benchmark\n\n" + table)
+    print(table)
+    return 0 if all(row["runs_failed"] == 0 for row in summary.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The benchmark job on trainlib: 2 Ray-actor workers, as a user runs it. Driver + worker actors.
+
+    python bench/jobs/trainlib_job.py --steps 30 --data-root DIR --storage DIR --out DIR
+"""
+
+import time
+
+T_START = time.time()  # first line of user code, after the interpreter started
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+import trainlib  # noqa: E402
+import trainlib.torch  # noqa: E402
+from common import BATCH_SIZE, build_dataset, build_model, thread_info, train_steps, write_json  # noqa: E402
+
+T_IMPORTED = time.time()
+
+
+def train_func(config):
+    t_enter = time.time()
+    torch.manual_seed(0)
+    model = trainlib.torch.prepare_model(build_model())
+    loader = DataLoader(build_dataset(config["data_root"]), batch_size=BATCH_SIZE, shuffle=True)
+    loader = trainlib.torch.prepare_data_loader(loader)
+    ctx = trainlib.get_context()
+    set_epoch = loader.sampler.set_epoch if ctx.get_world_size() > 1 else None
+    stamps = train_steps(model, loader, config["steps"], set_epoch)
+    t_report = time.time()
+    metrics = {"loss": stamps["final_loss"], "steps": config["steps"]}
+    if ctx.get_world_rank() == 0:
+        with tempfile.TemporaryDirectory() as folder:
+            torch.save(model.module.state_dict(), os.path.join(folder, "model.pt"))
+            trainlib.report(metrics, checkpoint=trainlib.Checkpoint.from_directory(folder))
+    else:
+        trainlib.report(metrics)
+    if ctx.get_world_rank() == 0:
+        write_json(os.path.join(config["out"], "rank0.json"), {
+            **stamps, "train_func_enter": t_enter, "report_start": t_report, "report_end": time.time(),
+            "world_size": ctx.get_world_size(), **thread_info()})
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--data-root", required=True)
+    parser.add_argument("--storage", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    t_fit = time.time()
+    trainer = trainlib.torch.TorchTrainer(
+        train_func,
+        train_loop_config={"steps": args.steps, "data_root": args.data_root, "out": args.out},
+        scaling_config=trainlib.ScalingConfig(num_workers=2),
+        run_config=trainlib.RunConfig(name="bench", storage_path=args.storage),
+    )
+    result = trainer.fit()
+    t_fit_end = time.time()
+    checkpoint_file = os.path.join(result.checkpoint.path, "model.pt")
+    write_json(os.path.join(args.out, "driver.json"), {
+        "start": T_START, "imported": T_IMPORTED, "fit_start": t_fit, "fit_end": t_fit_end,
+        "checkpoint_bytes": os.path.getsize(checkpoint_file), "framework": f"trainlib {trainlib.__version__}"})
+
+
+if __name__ == "__main__":
+    main()
