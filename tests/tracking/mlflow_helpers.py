@@ -111,6 +111,9 @@ def train_linear(config):
     from trainlib.torch import prepare_model
 
     ctx = trainlib.get_context()
+    if config.get("marker"):
+        with open(config["marker"], "a") as f:  # proves that a worker started
+            f.write(f"{ctx.get_world_rank()}\n")
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=config.get("lr", 0.1))
