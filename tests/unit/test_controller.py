@@ -35,8 +35,9 @@ def error(rank, cause="ValueError: boom", tb="Traceback (most recent call last):
 class FakeGroup:
     """Plays back one attempt's scripted messages, one batch per ``wait()``."""
 
-    def __init__(self, script, world_size, nodes=None, storage=None, files=None):
+    def __init__(self, script, world_size, nodes=None, storage=None, files=None, flushed=None):
         self.script = list(script)
+        self.flushed = list(flushed or [])  # what flush() returns after the first failure
         self.world_size = world_size
         self.nodes = nodes or ["node-a"] * world_size
         self.storage = storage
@@ -61,6 +62,10 @@ class FakeGroup:
             raise AssertionError("the controller waited for more messages than the script holds")
         batch = self.script.pop(0)
         batch = batch if isinstance(batch, list) else [batch]
+        self._write_files(batch)
+        return batch
+
+    def _write_files(self, batch):
         for rank, message in batch:
             if message[0] == REPORT and message[4] is not None:
                 step = message[2]
@@ -69,10 +74,10 @@ class FakeGroup:
                     os.makedirs(os.path.dirname(path), exist_ok=True)
                     with open(path, "wb") as f:
                         f.write(data)
-        return batch
 
     def flush(self, timeout):
-        return []
+        self._write_files(self.flushed)
+        return self.flushed
 
     def shutdown(self):
         self.shut_down = True
@@ -259,3 +264,42 @@ def test_retention_runs_on_commit_and_notifies(storage):
     assert not os.path.exists(storage.checkpoint_path(1))
     assert ("deleted", "checkpoint_000001") in recorder.events
     assert ("deleted", "checkpoint_000002") in recorder.events
+
+
+def test_a_resumed_run_continues_the_attempt_numbering(storage):
+    """Rows of an earlier driver run (attempts 0-1) and of the resumed one never share an attempt."""
+    rows = [{"step": 1, "attempt": 0, "time": 0, "checkpoint": None, "metrics": {}},
+            {"step": 1, "attempt": 1, "time": 0, "checkpoint": None, "metrics": {}}]
+    group = FakeGroup([[report(0, 2), report(1, 2)], [done(0), done(1)]], 2, storage=storage)
+    controller, _ = make_controller(storage, [group])
+    controller.metrics_rows = list(rows)
+    controller.attempt = Controller(
+        train_func=None, train_loop_config=None, storage=storage, make_worker_group=None,
+        checkpoint_config=CheckpointConfig(), failure_config=FailureConfig(), callbacks=[],
+        run_info=controller.run_info, metrics_rows=rows, verbose=False).attempt
+    controller.run()
+    assert group.started_with["attempt"] == 2
+    assert controller.metrics_rows[-1]["attempt"] == 2
+
+
+def test_a_peer_death_is_the_root_cause_not_the_collective_that_lost_it(storage):
+    """Rank 0's all_reduce fails first because rank 1 died: the failure names rank 1."""
+    echo = error(0, "RuntimeError: [pair.cc:545] Read error [127.0.0.1]:5526: Connection reset by peer")
+    death = error(1, "the worker process (pid 4242) on node 10.0.0.1 died: SIGKILL", "")
+    group = FakeGroup([echo], 2, storage=storage, flushed=[death])
+    controller, _ = make_controller(storage, [group])
+    with pytest.raises(TrainingFailedError) as info:
+        controller.run()
+    assert info.value.failures[0].rank == 1 and "died" in info.value.failures[0].cause
+
+
+def test_reports_flushed_after_a_failure_still_commit(storage):
+    """Rank 1 reported step 1 but its message was still queued when rank 0 failed."""
+    m = manifests(1)
+    group = FakeGroup([report(0, 1, {"loss": 1.0}, m[0]), error(0)], 2, storage=storage, files=ckpt_files(1),
+                      flushed=[report(1, 1, {"loss": 9.0}, m[1])])
+    controller, _ = make_controller(storage, [group])
+    with pytest.raises(TrainingFailedError) as info:
+        controller.run()
+    assert info.value.failures[0].rank == 0
+    assert [c.step for c in storage.committed_checkpoints()] == [1]

@@ -95,7 +95,9 @@ class Controller:
         self.verbose = verbose
         self.state = RunState.SCHEDULING
         self.failures: list[WorkerError] = []
-        self.attempt = 0
+        # A resumed run continues the attempt numbering of its metrics log, so rows of the
+        # earlier driver runs and of this one never share an attempt number.
+        self.attempt = 1 + max((int(r.get("attempt", 0)) for r in self.metrics_rows), default=-1)
         self.num_nodes = 1
 
     # -- the state machine -------------------------------------------------------
@@ -165,12 +167,14 @@ class Controller:
                 elif kind == DONE:
                     done.add(rank)
                 elif kind == ERROR:
-                    failure = self._worker_error(message, plan)
+                    failures = [self._worker_error(message, plan)]
                     # Reports that every rank made before the failure are not lost.
                     for other, late in group.flush(FLUSH_AFTER_FAILURE_S):
                         if late[0] == REPORT:
                             self._add_report(pending, world_size, other, late)
-                    return failure
+                        elif late[0] == ERROR:
+                            failures.append(self._worker_error(late, plan))
+                    return root_cause(failures)
         if pending:
             # Every rank's last step this attempt (committed steps were reported by all ranks).
             counts = {rank: min(pending) - 1 for rank in range(world_size)}
@@ -244,6 +248,24 @@ class Controller:
             except Exception as exc:  # noqa: BLE001 - a callback never fails training
                 logger.warning("Callback %s.%s failed: %s: %s", type(callback).__name__, hook,
                                type(exc).__name__, exc)
+
+
+# Errors a rank gets because a peer died or failed (its collective lost the connection):
+# they are consequences, and the peer's own failure is the one to report.
+_PEER_LOST_SIGNS = ("connection reset by peer", "connection closed by peer", "broken pipe",
+                    "nccl communicator was aborted", "remote process exited")
+
+
+def root_cause(failures: list[WorkerError]) -> WorkerError:
+    """The failure to report among those of one attempt: the first that is not a lost-peer echo."""
+    def is_echo(failure: WorkerError) -> bool:
+        return any(sign in failure.cause.lower() for sign in _PEER_LOST_SIGNS)
+
+    first = next((f for f in failures if not is_echo(f)), failures[0])
+    for other in failures:
+        if other is not first and other.rank != first.rank:
+            logger.info("Rank %d also failed, after rank %d: %s", other.rank, first.rank, other.cause[:300])
+    return first
 
 
 def _fmt_value(value: Any) -> str:

@@ -83,7 +83,7 @@ class TrainContext:
         return self._info.run_path
 
     def get_attempt(self) -> int:
-        """0 for the first attempt, n after the n-th restart."""
+        """0 for the first attempt; then one more per restart, and per re-run of the same run (resume)."""
         return self._info.attempt
 
     def __repr__(self) -> str:

@@ -245,14 +245,18 @@ class RayWorkerGroup:
         """After a failure: collect what the live workers still had queued, uploads included."""
         out: list[tuple[int, tuple]] = []
         refs = {a.flush.remote(timeout): rank for rank, a in enumerate(self._actors)}
-        ready, _ = ray.wait(list(refs) + list(self._pending), num_returns=len(refs) + len(self._pending),
-                            timeout=timeout + 1.0)
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout + 1.0)
+        # Outstanding next_messages calls of ranks stuck in a collective never return: take
+        # only those already answered (a dead rank's answers at once, with its death).
+        if self._pending:
+            ready += ray.wait(list(self._pending), num_returns=len(self._pending), timeout=0)[0]
         for ref in ready:
             rank = refs.get(ref, self._pending.get(ref))
             try:
                 out.extend((rank, m) for m in ray.get(ref))
-            except RayActorError:
-                pass
+            except RayActorError as exc:
+                # A rank that died: the controller may pick its death as the root cause.
+                out.append((rank, self._death_message(rank, exc)))
         return out
 
     def shutdown(self) -> None:
