@@ -104,3 +104,11 @@ def placement_train_func(config):
                      "local_rank": ctx.get_local_rank(), "local_world_size": ctx.get_local_world_size(),
                      "env_node_rank": int(os.environ["NODE_RANK"]), "env_local_rank": int(os.environ["LOCAL_RANK"]),
                      "node_hash": int(node[:8], 16), "sum_node_rank": float(t[0])})
+
+
+def expected_w(epochs: int, world_size: int) -> float:
+    """The final ``w`` metric of resumable_train_func after ``epochs`` epochs, computed on the driver."""
+    w = 0.0
+    for epoch in range(1, epochs + 1):
+        w = w * 0.5 + sum(rank + epoch for rank in range(world_size))
+    return 4 * w
