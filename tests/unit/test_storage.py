@@ -312,3 +312,21 @@ def test_metrics_log_on_object_storage_is_rewritten_whole(tmp_path):
 def test_resolve_filesystem_names_the_field_on_a_bad_url():
     with pytest.raises(StorageError, match="RunConfig.storage_path='nosuchproto://x'"):
         storage_mod.resolve_filesystem("nosuchproto://x")
+
+
+def test_reads_during_an_outage_raise_a_storage_error_not_a_raw_one(tmp_path, fast_retries):
+    """A transient error while verifying a checkpoint is neither "not committed" nor a raw client error."""
+    fs = fsspec.filesystem("memory")
+    root = f"/bucket-{uuid.uuid4().hex[:8]}/runs"
+    storage = new_run(fs, root)
+    commit(storage, make_source(tmp_path, 1), 1)
+
+    class DownFS(type(fs)):
+        def cat_file(self, path, *args, **kwargs):
+            raise ConnectionError(f"could not connect to the endpoint for {path}")
+
+    down = RunStorage(DownFS(skip_instance_cache=True), root, "run")
+    with pytest.raises(StorageError, match="checkpoint_000001.*reachable"):
+        down.committed_checkpoints()
+    with pytest.raises(StorageError, match="metrics.jsonl.*reachable"):
+        down.read_metrics_log()

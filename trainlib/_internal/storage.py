@@ -226,7 +226,9 @@ class RunStorage:
 
     def verify_checkpoint(self, path: str) -> CommittedCheckpoint | None:
         """The checkpoint at ``path`` if its marker exists and its files are complete, else None."""
-        path = path.rstrip("/")
+        return with_retries(f"reading {self.uri(path)}", lambda: self._verify_checkpoint(path.rstrip("/")))
+
+    def _verify_checkpoint(self, path: str) -> CommittedCheckpoint | None:
         marker_path = posixpath.join(path, COMMIT_MARKER)
         try:
             self.fs.invalidate_cache(path)
@@ -259,7 +261,7 @@ class RunStorage:
     def read_metrics_log(self) -> list[dict[str, Any]]:
         path = self.join(METRICS_FILE)
         try:
-            text = self.fs.cat_file(path).decode()
+            text = with_retries(f"reading {self.uri(path)}", lambda: self.fs.cat_file(path)).decode()
         except FileNotFoundError:
             return []
         return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -273,8 +273,14 @@ class DataParallelTrainer:
             if error is None:
                 raise
             logger.warning("Could not record the run's FAILED state: %s", exc)
-        result = Result.from_storage(storage, self.run_config.checkpoint_config,
-                                     error if isinstance(error, Exception) else None)
+        try:
+            result = Result.from_storage(storage, self.run_config.checkpoint_config,
+                                         error if isinstance(error, Exception) else None)
+        except Exception as exc:  # noqa: BLE001 - after a failure, storage may be what failed
+            if error is None:
+                raise
+            logger.warning("Could not read the failed run back from storage: %s", exc)
+            result = Result(metrics=None, checkpoint=None, path=storage.uri(), error=error)
         for callback in self.run_config.callbacks:
             try:
                 callback.after_run(controller.run_info, result)
