@@ -303,3 +303,16 @@ def test_reports_flushed_after_a_failure_still_commit(storage):
         controller.run()
     assert info.value.failures[0].rank == 0
     assert [c.step for c in storage.committed_checkpoints()] == [1]
+
+
+def test_local_storage_declared_shared_runs_on_several_nodes(tmp_path):
+    from trainlib._internal.storage import declares_shared
+
+    assert declares_shared("file:///mnt/nfs/runs") and not declares_shared("/mnt/nfs/runs")
+    assert not declares_shared(None)
+    shared = RunStorage(fsspec.filesystem("file"), str(tmp_path / "runs"), "run", shared=True)
+    group = FakeGroup([[report(0, 1), report(1, 1)], [done(0), done(1)]], 2, nodes=["node-a", "node-b"],
+                      storage=shared)
+    controller, _ = make_controller(shared, [group])
+    controller.run()
+    assert controller.state is RunState.FINISHED and controller.num_nodes == 2

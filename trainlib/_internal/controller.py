@@ -139,12 +139,12 @@ class Controller:
         group.start_actors()
         placements = group.placements()
         self.num_nodes = len({p["node_id"] for p in placements})
-        if self.num_nodes > 1 and self.storage.is_local:
+        if self.num_nodes > 1 and not self.storage.shared:
             raise StorageError(
                 f"The workers run on {self.num_nodes} nodes but RunConfig.storage_path "
                 f"({self.storage.root!r}) is a local folder, which the other nodes cannot see: use shared "
-                "storage that every node reaches, e.g. storage_path='s3://bucket/runs' or an NFS mount "
-                "(file:///mnt/nfs/runs)."
+                "storage that every node reaches, e.g. storage_path='s3://bucket/runs', or a mount that every "
+                "node has (NFS) written as a file:// URL, which declares it shared: 'file:///mnt/nfs/runs'."
             )
         # A crash may have left checkpoint folders that were never committed: clear them.
         for path in self.storage.remove_uncommitted():

@@ -111,15 +111,29 @@ class CommittedCheckpoint:
     committed_at: float
 
 
-class RunStorage:
-    """The folder of one run on an fsspec filesystem. Picklable; sent to workers."""
+def declares_shared(storage_path: str | os.PathLike | None) -> bool:
+    """Whether a local ``storage_path`` is declared shared by every node: written as a ``file://`` URL.
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, root: str, name: str):
+    A plain path (``/data/runs``) is taken as one machine's disk; ``file:///mnt/nfs/runs``
+    says "this path is the same storage on every node" (an NFS or other shared mount).
+    """
+    return storage_path is not None and os.fspath(storage_path).startswith("file://")
+
+
+class RunStorage:
+    """The folder of one run on an fsspec filesystem. Picklable; sent to workers.
+
+    ``shared``: whether every node sees this storage. Remote filesystems are; a local
+    folder is only when declared so (see :func:`declares_shared`).
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str, name: str, shared: bool = False):
         self.fs = fs
         self.root = root.rstrip("/")
         self.name = name
         self.run_path = posixpath.join(self.root, name)
         self.is_local = is_local_filesystem(fs)
+        self.shared = shared or not self.is_local
 
     def uri(self, path: str | None = None) -> str:
         """The URL of ``path`` (default: the run folder), for people to read."""

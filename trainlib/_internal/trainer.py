@@ -22,7 +22,7 @@ from trainlib._internal.config import CheckpointConfig, FailureConfig, RunConfig
 from trainlib._internal.controller import Controller
 from trainlib._internal.errors import RunExistsError, TrainingFailedError
 from trainlib._internal.result import Result
-from trainlib._internal.storage import RUN_STATE_FILE, RunStorage, resolve_filesystem
+from trainlib._internal.storage import RUN_STATE_FILE, RunStorage, declares_shared, resolve_filesystem
 from trainlib._internal.worker import WorkerBackend
 from trainlib._internal.worker_group import RayWorkerGroup
 
@@ -223,7 +223,7 @@ class DataParallelTrainer:
         rc = self.run_config
         fs, root = resolve_filesystem(rc.storage_path, rc.storage_filesystem, rc.storage_options)
         name = rc.name or default_run_name(type(self).__name__)
-        storage = RunStorage(fs, root, name)
+        storage = RunStorage(fs, root, name, shared=declares_shared(rc.storage_path))
         committed, rows = [], []
         if storage.exists():
             previous = storage.read_run_state()
