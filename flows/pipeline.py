@@ -70,7 +70,8 @@ def make_task_runner(ray_address: str | None, api_url: str) -> RayTaskRunner:
     init_kwargs: dict[str, Any] = {"runtime_env": {"env_vars": ray_worker_env(api_url)}}
     if not ray_address:
         init_kwargs["include_dashboard"] = False  # a second of start-up the embedded run does not need
-    return RayTaskRunner(address=ray_address or None, init_kwargs=init_kwargs)
+    # "local" starts a new Ray; None would join the last cluster started on this machine.
+    return RayTaskRunner(address=ray_address or "local", init_kwargs=init_kwargs)
 
 
 def current_api_url() -> str:

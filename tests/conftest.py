@@ -24,7 +24,8 @@ def ray_session():
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True)
+    # address="local": never join another cluster on this machine (/tmp/ray/ray_current_cluster).
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
     yield ray
     ray.shutdown()
 

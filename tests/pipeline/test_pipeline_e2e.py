@@ -12,6 +12,7 @@ import contextlib
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -135,23 +136,29 @@ def test_deployment_runs_register_champion_and_challenger(services, tmp_path, ra
     assert "fashion-mnist-retrain" in out
     [deployment] = _api(services, "/deployments/filter", {})
     assert deployment["enforce_parameter_schema"] is True
-    assert deployment["concurrency_limit"] == 1
+    limit = deployment.get("concurrency_limit") or (deployment.get("global_concurrency_limit") or {}).get("limit")
+    assert limit == 1, {k: v for k, v in deployment.items() if "concurrency" in k}
+    assert (deployment.get("concurrency_options") or {}).get("collision_strategy") == "ENQUEUE"
     [schedule] = deployment["schedules"]
     assert schedule["schedule"]["cron"] == "0 3 * * 1" and schedule["schedule"]["timezone"] == "Europe/Berlin"
 
     def run_deployment(**overrides) -> dict:
-        before = set(_flow_runs(services))
-        _cli(services, "deployment", "run", DEPLOYMENT, "--params", json.dumps({**base, **overrides}),
-             "-p", "epochs=1")
+        out = _cli(services, "deployment", "run", DEPLOYMENT, "--params", json.dumps({**base, **overrides}),
+                   "-p", "epochs=1")
+        flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
         _cli(services, "worker", "start", "--pool", POOL, "--run-once", timeout=300)
-        new = {i: r for i, r in _flow_runs(services).items() if i not in before}
-        [top] = [r for r in new.values() if r["deployment_id"] == deployment["id"]]
+        runs = _flow_runs(services)
+        top = runs[flow_run_id]
         assert top["state_type"] == "COMPLETED", top["state"]
-        return {"top": top, "all": new}
+        # The Ray subflow: a child of a task run of this flow run.
+        parents = {t["id"] for t in _api(services, "/task_runs/filter",
+                                         {"flow_runs": {"id": {"any_": [flow_run_id]}}})}
+        [steps] = [r for r in runs.values() if r["parent_task_run_id"] in parents]
+        return {"top": top, "steps": steps}
 
     first = run_deployment()
     # Every task run reached this server: the four steps, each COMPLETED, in the Ray subflow.
-    [steps_run] = [r for r in first["all"].values() if r["id"] != first["top"]["id"]]
+    steps_run = first["steps"]
     assert steps_run["state_type"] == "COMPLETED"
     tasks = _api(services, "/task_runs/filter", {"flow_runs": {"id": {"any_": [steps_run["id"]]}}})
     assert sorted(t["task_key"].split("-")[0] for t in tasks) == ["download", "evaluate", "register", "train"]
@@ -177,7 +184,7 @@ def test_deployment_runs_register_champion_and_challenger(services, tmp_path, ra
 
     # A worse model (lr=0: the initial weights) becomes challenger, not champion.
     second = run_deployment(lr=0.0)
-    steps2 = next(r for r in second["all"].values() if r["id"] != second["top"]["id"])
+    steps2 = second["steps"]
     download2 = next(t for t in _api(services, "/task_runs/filter", {"flow_runs": {"id": {"any_": [steps2["id"]]}}})
                      if t["task_key"].startswith("download"))
     logs2 = _api(services, "/logs/filter", {"logs": {"task_run_id": {"any_": [download2["id"]]}}})

@@ -47,7 +47,9 @@ def ensure_ray() -> None:
         ray.init(log_to_driver=True)
     else:
         # The dashboard costs a second of start-up and is not needed for embedded runs.
-        ray.init(include_dashboard=False, log_to_driver=True)
+        # address="local": without it Ray joins the last cluster started on this machine
+        # (/tmp/ray/ray_current_cluster), which may be someone else's.
+        ray.init(address="local", include_dashboard=False, log_to_driver=True)
 
 
 def _check_train_func(func: Callable, config: dict | None) -> bool:
