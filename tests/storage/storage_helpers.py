@@ -39,6 +39,11 @@ def resumable_train_func(config):
 
     ctx = trainlib.get_context()
     rank = ctx.get_world_rank()
+    if config.get("node_dir"):  # where each rank of each attempt runs, for the node-loss test
+        import ray
+
+        with open(os.path.join(config["node_dir"], f"attempt{ctx.get_attempt()}_rank{rank}"), "w") as f:
+            f.write(ray.get_runtime_context().get_node_id())
     start, w = 1, torch.zeros(4, dtype=torch.float64)
     checkpoint = trainlib.get_checkpoint()
     if checkpoint is not None:
@@ -91,19 +96,23 @@ def hung_collective_train_func(config):
 
 
 def placement_train_func(config):
-    """Report where this rank runs: node rank, local rank, node id."""
+    """Write where this rank runs (ranks from the context and the environment, Ray node id) to out_dir."""
+    import json
+
     import ray
     import torch
     import torch.distributed as dist
 
     ctx = trainlib.get_context()
-    node = ray.get_runtime_context().get_node_id()
-    t = torch.tensor([ctx.get_node_rank(), ctx.get_local_rank()], dtype=torch.float64)
-    dist.all_reduce(t)
-    trainlib.report({"rank": ctx.get_world_rank(), "node_rank": ctx.get_node_rank(),
-                     "local_rank": ctx.get_local_rank(), "local_world_size": ctx.get_local_world_size(),
-                     "env_node_rank": int(os.environ["NODE_RANK"]), "env_local_rank": int(os.environ["LOCAL_RANK"]),
-                     "node_hash": int(node[:8], 16), "sum_node_rank": float(t[0])})
+    t = torch.ones(1)
+    dist.all_reduce(t)  # the process group spans the nodes
+    info = {"rank": ctx.get_world_rank(), "node_rank": ctx.get_node_rank(), "local_rank": ctx.get_local_rank(),
+            "local_world_size": ctx.get_local_world_size(), "world_size": ctx.get_world_size(),
+            "env": {k: os.environ[k] for k in ("RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE")},
+            "node_id": ray.get_runtime_context().get_node_id(), "all_reduce": float(t[0])}
+    with open(os.path.join(config["out_dir"], f"rank{ctx.get_world_rank()}.json"), "w") as f:
+        json.dump(info, f)
+    trainlib.report({"ok": 1})
 
 
 def expected_w(epochs: int, world_size: int) -> float:
