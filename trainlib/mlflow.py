@@ -645,12 +645,13 @@ def log_model(checkpoint: Checkpoint, model: Any, *, state_dict_file: str = "mod
             return mlflow.pytorch.log_model(model, name=artifact_path, signature=signature,
                                             input_example=example, registered_model_name=registered_model_name)
         client = MlflowClient(tracking_uri=tracking_uri)
-        status = client.get_run(run_id).info.status
+        before = client.get_run(run_id).info
         with mlflow.start_run(run_id=run_id, nested=active is not None):
             info = mlflow.pytorch.log_model(model, name=artifact_path, signature=signature,
                                             input_example=example, registered_model_name=registered_model_name)
-        if status != "RUNNING":
-            client.set_terminated(run_id, status)  # keep the training run's own end state
+        if before.status != "RUNNING":
+            # Keep the training run's own end state and end time (FAILED stays FAILED).
+            client.set_terminated(run_id, before.status, end_time=before.end_time)
         return info
 
 

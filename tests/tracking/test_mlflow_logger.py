@@ -114,6 +114,7 @@ def test_log_model_registers_the_unwrapped_model_and_it_loads_back(finished_run,
     import mlflow.pytorch
 
     logger, result, _ = finished_run
+    ended = _client(mlflow_server).get_run(logger.run_id).info.end_time
     example = torch.randn(5, 4)
     info = log_model(result.checkpoint, torch.nn.Linear(4, 1), input_example=example,
                      registered_model_name="trainlib-linear", tracking_uri=mlflow_server.uri)
@@ -136,8 +137,9 @@ def test_log_model_registers_the_unwrapped_model_and_it_loads_back(finished_run,
         mlflow.set_tracking_uri(previous)
     with torch.no_grad():
         assert torch.allclose(loaded(example), expected(example))
-    # Logging the model did not reopen the finished training run for good.
-    assert _client(mlflow_server).get_run(logger.run_id).info.status == "FINISHED"
+    # Logging the model did not reopen the finished training run, nor move its end.
+    after = _client(mlflow_server).get_run(logger.run_id).info
+    assert (after.status, after.end_time) == ("FINISHED", ended)
 
 
 def test_log_model_names_the_missing_state_dict_file(finished_run):

@@ -21,13 +21,21 @@ UI_TIMEOUT_MS = 90_000
 def test_run_page_and_metric_chart_render(ray_session, mlflow_server, storage_path):
     from playwright.sync_api import sync_playwright
 
-    logger = MLflowLogger(tracking_uri=mlflow_server.uri, experiment_name="ui", log_checkpoints="last")
+    from mlflow import MlflowClient
+
+    logger = MLflowLogger(tracking_uri=mlflow_server.uri, experiment_name="ui", log_checkpoints="best")
+    # "best" by the lowest step_seen is the first checkpoint, not the last: the choice is visible.
+    best = trainlib.CheckpointConfig(checkpoint_score_attribute="step_seen", checkpoint_score_order="min")
     result = TorchTrainer(
         train_linear, train_loop_config={"steps": 6, "lr": 0.05},
         scaling_config=trainlib.ScalingConfig(num_workers=2),
-        run_config=trainlib.RunConfig(name="ui-run", storage_path=storage_path, callbacks=[logger]),
+        run_config=trainlib.RunConfig(name="ui-run", storage_path=storage_path, callbacks=[logger],
+                                      checkpoint_config=best),
     ).fit()
     assert result.error is None
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    assert [a.path for a in client.list_artifacts(logger.run_id, "checkpoints")] == ["checkpoints/checkpoint_000001"]
+    assert client.get_run(logger.run_id).data.tags["trainlib.best_checkpoint"].endswith("checkpoint_000001")
     run_url = f"{mlflow_server.uri}/#/experiments/{logger.experiment_id}/runs/{logger.run_id}"
 
     with sync_playwright() as p:
