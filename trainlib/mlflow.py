@@ -300,6 +300,10 @@ class MLflowLogger(Callback):
         try:
             with _bounded_http():
                 self.experiment_id = self._experiment_id()
+                if len(self._spool):
+                    # An earlier outage left records behind (an old end status among them):
+                    # send them before this run reopens the MLflow run.
+                    self._replay_own_spool()
                 self.run_id = self._open_run(run, saved)
         except TrackingError:
             raise
@@ -317,9 +321,6 @@ class MLflowLogger(Callback):
         }
         logger.info("MLflow run %s in experiment %r at %s", self.run_id, self._experiment_name(),
                     redact_url(self._uri))
-        if len(self._spool):
-            # An earlier outage left records behind: send them now that the server answers.
-            self._replay_own_spool()
 
     def after_report(self, run: RunInfo, report: ReportRecord) -> None:
         metrics = {k: v for k, v in report.metrics.items() if isinstance(v, (int, float))}
@@ -354,6 +355,8 @@ class MLflowLogger(Callback):
     def after_run(self, run: RunInfo, result: "Result") -> None:
         if self.run_id is None:
             return
+        if self._offline_since is None and self._spool is not None and len(self._spool):
+            self._replay_own_spool()  # older records first, so the end status below is the last word
         if self.log_checkpoints in ("best", "last"):
             chosen = result.checkpoint
             if self.log_checkpoints == "best" and result.best_checkpoints:
@@ -375,7 +378,7 @@ class MLflowLogger(Callback):
             logger.warning(
                 "MLflow run %s at %s is missing %s: the tracking server could not be reached. The records "
                 "are spooled in %s; send them with trainlib.mlflow.MLflowLogger.replay_spool(%r) once the "
-                "server is back (the next run with this spool folder also sends them). Checkpoints in run "
+                "server is back (resuming this trainlib run also sends them). Checkpoints in run "
                 "storage are intact.", self.run_id, redact_url(self._uri), missing, self._spool.path,
                 self._spool.path,
             )

@@ -117,3 +117,33 @@ def test_the_embedded_default_store_is_sqlite_and_mlartifacts_in_the_working_dir
     assert os.path.isfile(tmp_path / "mlartifacts" / "trainlib" / logger.run_id / "artifacts" / "checkpoints"
                           / "checkpoint_000003" / "model.pt")
     assert run.data.tags["trainlib.last_checkpoint"] == result.checkpoint.uri
+
+
+def test_resuming_the_run_replays_its_spool_automatically(ray_session, storage_path, tmp_path):
+    from mlflow import MlflowClient
+
+    server = MlflowServer(str(tmp_path / "server")).start()
+    try:
+        logger = MLflowLogger(tracking_uri=server.uri, experiment_name="outage")
+        TorchTrainer(
+            train_linear, train_loop_config={"steps": 3},
+            scaling_config=trainlib.ScalingConfig(num_workers=2),
+            run_config=trainlib.RunConfig(name="auto-replay", storage_path=storage_path,
+                                          callbacks=[StopServerAfter(server, 3), logger]),
+        ).fit()
+        assert os.path.exists(logger.spool_path)
+        server = MlflowServer(server.root, port=server.port).start()
+
+        resumer = MLflowLogger(tracking_uri=server.uri, experiment_name="outage")
+        result = TorchTrainer.restore(os.path.join(storage_path, "auto-replay"), train_loop_config={"steps": 4},
+                                      callbacks=[resumer]).fit()
+        assert result.error is None and resumer.run_id == logger.run_id
+        assert not os.path.exists(logger.spool_path)  # sent before the resumed run logged anything
+        client = MlflowClient(tracking_uri=server.uri)
+        assert [m.step for m in sorted(client.get_metric_history(logger.run_id, "loss"), key=lambda m: m.step)] == [
+            1, 2, 3, 4]
+        assert client.get_run(logger.run_id).info.status == "FINISHED"
+        assert [a.path for a in client.list_artifacts(logger.run_id, "checkpoints")] == [
+            f"checkpoints/checkpoint_00000{i}" for i in range(1, 5)]
+    finally:
+        server.stop()
