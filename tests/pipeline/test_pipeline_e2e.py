@@ -146,10 +146,12 @@ def test_deployment_runs_register_champion_and_challenger(services, tmp_path, ra
         out = _cli(services, "deployment", "run", DEPLOYMENT, "--params", json.dumps({**base, **overrides}),
                    "-p", "epochs=1")
         flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
-        _cli(services, "worker", "start", "--pool", POOL, "--run-once", timeout=300)
+        started = time.monotonic()
+        worker_output = _cli(services, "worker", "start", "--pool", POOL, "--run-once", timeout=300)
+        print(f"deployment run took {time.monotonic() - started:.1f} s")
         runs = _flow_runs(services)
         top = runs[flow_run_id]
-        assert top["state_type"] == "COMPLETED", top["state"]
+        assert top["state_type"] == "COMPLETED", f"{top['state']['message']}\n{worker_output[-6000:]}"
         # The Ray subflow: a child of a task run of this flow run.
         parents = {t["id"] for t in _api(services, "/task_runs/filter",
                                          {"flow_runs": {"id": {"any_": [flow_run_id]}}})}
@@ -161,10 +163,10 @@ def test_deployment_runs_register_champion_and_challenger(services, tmp_path, ra
     steps_run = first["steps"]
     assert steps_run["state_type"] == "COMPLETED"
     tasks = _api(services, "/task_runs/filter", {"flow_runs": {"id": {"any_": [steps_run["id"]]}}})
-    assert sorted(t["task_key"].split("-")[0] for t in tasks) == ["download", "evaluate", "register", "train"]
+    assert sorted(t["name"].rsplit("-", 1)[0] for t in tasks) == ["download-dataset", "evaluate", "register", "train"]
     assert {t["state_type"] for t in tasks} == {"COMPLETED"}
     # Rank 0's reports reached the Prefect logs of the train task; artifacts a person can read exist.
-    train_run = next(t for t in tasks if t["task_key"].startswith("train"))
+    train_run = next(t for t in tasks if t["name"].startswith("train-"))
     logs = _api(services, "/logs/filter", {"logs": {"task_run_id": {"any_": [train_run["id"]]}}, "limit": 200})
     assert any("rank 0 report 1" in log["message"] and "val_accuracy" in log["message"] for log in logs)
     artifact_keys = {a["key"] for a in _api(services, "/artifacts/filter", {}) if a["key"]}
@@ -186,7 +188,7 @@ def test_deployment_runs_register_champion_and_challenger(services, tmp_path, ra
     second = run_deployment(lr=0.0)
     steps2 = second["steps"]
     download2 = next(t for t in _api(services, "/task_runs/filter", {"flow_runs": {"id": {"any_": [steps2["id"]]}}})
-                     if t["task_key"].startswith("download"))
+                     if t["name"].startswith("download-dataset-"))
     logs2 = _api(services, "/logs/filter", {"logs": {"task_run_id": {"any_": [download2["id"]]}}})
     assert any("4 file(s) from the cache" in log["message"] for log in logs2)  # nothing downloaded again
     v2 = client.get_model_version_by_alias(model_name, "challenger")
