@@ -1,0 +1,179 @@
+"""Fast tests of the pipeline's plain functions: promotion rule, parameter schema, retry rule,
+evaluation report and pictures, Ray worker environment, and the deployment spec in prefect.yaml."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import yaml
+
+from conftest import REPO_ROOT
+from tasks.datasets import DatasetDownloadError
+from tasks.download import is_transient_download_failure
+from tasks.evaluation import evaluate_model, plot_confusion_matrix, plot_learning_curve, report_from_confusion
+from tasks.model import build_model, split_train_val
+from tasks.promotion import decide_promotion, parse_accuracy
+
+
+def test_no_champion_means_promotion():
+    decision = decide_promotion(0.5, None)
+    assert decision.promote and "no champion yet" in decision.reason
+    assert decision.tags()["previous_champion_version"] == "none"
+
+
+def test_better_accuracy_takes_champion_and_ties_do_not():
+    assert decide_promotion(0.91, 0.90, "3").promote
+    tie = decide_promotion(0.90, 0.90, "3")
+    assert not tie.promote and "does not beat champion version 3" in tie.reason
+    worse = decide_promotion(0.10, 0.47, "1")
+    assert not worse.promote
+    assert worse.tags() == {"promotion_decision": "kept_champion", "promotion_reason": worse.reason,
+                            "previous_champion_version": "1", "previous_champion_test_accuracy": "0.470000"}
+
+
+def test_champion_without_recorded_accuracy_is_replaced():
+    decision = decide_promotion(0.2, None, "7")
+    assert decision.promote and "version 7 has no recorded test accuracy" in decision.reason
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.1, float("nan"), "0.9", True])
+def test_promotion_rejects_non_accuracies(bad):
+    with pytest.raises(ValueError, match="challenger_accuracy"):
+        decide_promotion(bad, 0.5)
+
+
+def test_parse_accuracy():
+    assert parse_accuracy("0.875000") == 0.875
+    assert parse_accuracy(None) is None and parse_accuracy("n/a") is None and parse_accuracy("3") is None
+
+
+def _flow_parameter_errors(**params):
+    from flows.pipeline import training_pipeline
+    from prefect.exceptions import ParameterTypeError
+
+    try:
+        training_pipeline.validate_parameters(params)
+    except ParameterTypeError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"epochs": 0}, ["epochs", "greater than 0"]),
+    ({"epochs": -3}, ["epochs"]),
+    ({"num_workers": 0}, ["num_workers", "greater than or equal to 1"]),
+    ({"dataset": "cifar10"}, ["dataset", "'fashion-mnist' or 'mnist'"]),
+    ({"lr": -1.0}, ["lr"]),
+    ({"batch_size": 0}, ["batch_size"]),
+    ({"limit": 0}, ["limit"]),
+    ({"model_name": "bad name/with slash"}, ["model_name"]),
+])
+def test_bad_flow_parameters_are_rejected_with_the_field_named(params, words):
+    message = _flow_parameter_errors(**params)
+    assert message is not None
+    for word in words:
+        assert word in message, message
+
+
+def test_good_flow_parameters_pass():
+    assert _flow_parameter_errors(epochs=2, num_workers=2, lr=0.0, limit=256, mirrors=["/data"]) is None
+
+
+def test_deployment_parameter_schema_is_enforced_by_types():
+    from flows.pipeline import training_pipeline
+    from prefect.utilities.callables import parameter_schema
+
+    schema = parameter_schema(training_pipeline.fn).model_dump()
+    props = schema["properties"]
+    assert props["epochs"]["exclusiveMinimum"] == 0
+    assert props["num_workers"]["minimum"] == 1
+    assert props["dataset"]["enum"] == ["fashion-mnist", "mnist"]
+
+
+def test_only_network_failures_are_retried():
+    transient = DatasetDownloadError("x", attempts=[
+        ("http://a/f", "ConnectionRefusedError: refused (after 3 attempt(s))"),
+        ("http://b/f", "skipped, unreachable earlier in this call: timed out")])
+    mismatch = DatasetDownloadError("x", attempts=[
+        ("http://a/f", "checksum mismatch for f: expected md5 1, got 2")])
+    mixed = DatasetDownloadError("x", attempts=[
+        ("http://a/f", "ConnectionRefusedError: refused (after 3 attempt(s))"),
+        ("/data/f", "FileNotFoundError: no such file")])
+    assert is_transient_download_failure(transient)
+    assert not is_transient_download_failure(mismatch)
+    assert not is_transient_download_failure(mixed)
+    assert not is_transient_download_failure(ValueError("Unknown data set 'x'"))
+
+
+def test_report_from_confusion_matrix():
+    report = report_from_confusion([[3, 1], [0, 0]], 0.5, ["a", "b"])
+    assert report.accuracy == 0.75 and report.num_images == 4
+    assert report.per_class_accuracy == {"a": 0.75, "b": 0.0}
+    assert report.metrics() == {"test_accuracy": 0.75, "test_loss": 0.5, "test_accuracy_class_0": 0.75,
+                                "test_accuracy_class_1": 0.0}
+    assert "| 0 | a | 75.00% | 4 |" in report.markdown()
+
+
+def test_evaluate_model_counts_and_pictures(tmp_path):
+    torch.manual_seed(0)
+    model = build_model()
+    images = torch.randint(0, 256, (20, 28, 28), dtype=torch.uint8)
+    labels = torch.arange(20) % 10
+    report = evaluate_model(model, images, labels, [str(i) for i in range(10)], batch_size=7)
+    assert report.num_images == 20 and sum(map(sum, report.confusion_matrix)) == 20
+    assert all(sum(row) == 2 for row in report.confusion_matrix)
+    assert 0.0 <= report.accuracy <= 1.0 and report.loss > 0
+    for path in (plot_confusion_matrix(report, str(tmp_path / "cm.png")),
+                 plot_learning_curve([{"epoch": 0, "loss": 2.0, "val_loss": 1.9, "val_accuracy": 0.3},
+                                      {"epoch": 1, "loss": 1.0, "val_loss": 1.2, "val_accuracy": 0.6}],
+                                     str(tmp_path / "lc.png"))):
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_evaluate_model_rejects_mismatched_inputs():
+    with pytest.raises(ValueError, match="as many labels as images"):
+        evaluate_model(build_model(), torch.zeros(3, 28, 28, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64),
+                       [str(i) for i in range(10)])
+
+
+def test_split_is_deterministic_and_disjoint():
+    train, val = split_train_val(100, 0.1, seed=3)
+    again_train, again_val = split_train_val(100, 0.1, seed=3)
+    assert torch.equal(train, again_train) and torch.equal(val, again_val)
+    assert len(val) == 10 and not set(train.tolist()) & set(val.tolist())
+    with pytest.raises(ValueError, match="val_fraction"):
+        split_train_val(100, 1.0, seed=0)
+
+
+def test_ray_workers_get_the_api_url_and_no_ephemeral_server_and_no_secret():
+    from flows.pipeline import make_task_runner, ray_worker_env
+
+    env = ray_worker_env("http://127.0.0.1:4200/api")
+    assert env == {"PREFECT_API_URL": "http://127.0.0.1:4200/api", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "false"}
+    runner = make_task_runner(None, "http://127.0.0.1:4200/api")
+    assert runner.address == "local" and runner.init_kwargs["runtime_env"]["env_vars"] == env
+    assert make_task_runner("ray://head:10001", "http://x/api").address == "ray://head:10001"
+
+
+def test_prefect_yaml_deployment_spec():
+    with open(os.path.join(REPO_ROOT, "prefect.yaml")) as f:
+        spec = yaml.safe_load(f)
+    [deployment] = spec["deployments"]
+    assert deployment["entrypoint"] == "flows.pipeline:training_pipeline"
+    assert deployment["enforce_parameter_schema"] is True
+    assert deployment["concurrency_limit"]["limit"] == 1
+    [schedule] = deployment["schedules"]
+    assert schedule["cron"] and schedule["timezone"] == "Europe/Berlin"
+    assert deployment["work_pool"]["name"] == "trainlib-process"
+
+
+def test_trainlib_never_imports_prefect():
+    for folder, _, files in os.walk(os.path.join(REPO_ROOT, "trainlib")):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name)) as f:
+                    text = f.read()
+                assert "import prefect" not in text and "from prefect" not in text, name
