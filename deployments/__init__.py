@@ -1,1 +1,13 @@
-"""deployments package."""
+"""Deployments of the pipeline. The deployment itself is declared in ``prefect.yaml`` at the
+repository root (``prefect --no-prompt deploy --all`` reads it); these names match it.
+
+Nothing here runs at import time; the names are for scripts and tests that refer to the deployment.
+"""
+
+FLOW_NAME = "training-pipeline"
+DEPLOYMENT_NAME = "fashion-mnist-retrain"
+WORK_POOL = "trainlib-process"
+SCHEDULE_CRON = "0 3 * * 1"
+SCHEDULE_TIMEZONE = "Europe/Berlin"
+
+__all__ = ["DEPLOYMENT_NAME", "FLOW_NAME", "SCHEDULE_CRON", "SCHEDULE_TIMEZONE", "WORK_POOL"]
