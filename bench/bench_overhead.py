@@ -72,7 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="where overhead.json and overhead.md go (default bench/results)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take (default 900)")
     parser.add_argument("--sample-interval", type=float, default=0.2, help="memory sampling period in seconds")
+    parser.add_argument("--rebuild", metavar="JSON",
+                        help="run nothing: recompute the medians and tables from the raw runs of an overhead.json")
     args = parser.parse_args(argv)
+    if args.rebuild:
+        return args
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
@@ -97,6 +101,9 @@ class TreeSampler(threading.Thread):
         self.interval = interval
         self.known: dict[int, psutil.Process] = {pid: self.root}
         self.names: dict[int, str] = {}
+        self.labels: dict[int, str] = {}
+        self.cpu_s: dict[int, float] = {}
+        self.history: list[tuple[float, dict[int, float]]] = []
         self.peak_bytes = 0
         self.peak_processes = 0
         self.samples = 0
@@ -119,15 +126,44 @@ class TreeSampler(threading.Thread):
     def sample(self) -> None:
         self._discover()
         total, alive = 0, 0
-        for proc in list(self.known.values()):
+        for pid, proc in list(self.known.items()):
             try:
-                total += proc.memory_info().rss
+                with proc.oneshot():
+                    total += proc.memory_info().rss
+                    times = proc.cpu_times()
+                    self.cpu_s[pid] = times.user + times.system
                 alive += 1
+                if self.samples % 10 == 0 or pid not in self.labels:
+                    self.labels[pid] = process_label(proc)  # Ray renames its workers as they work
             except psutil.Error:
                 pass
+        self.history.append((time.time(), dict(self.cpu_s)))
         self.samples += 1
         if total > self.peak_bytes:
             self.peak_bytes, self.peak_processes = total, alive
+
+    def cpu_by_label(self) -> dict[str, float]:
+        """CPU seconds (user + system) each kind of process used, as last sampled."""
+        out: dict[str, float] = {}
+        for pid, seconds in self.cpu_s.items():
+            label = self.labels.get(pid, "?")
+            out[label] = round(out.get(label, 0.0) + seconds, 2)
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def cpu_split(self, start: float, end: float) -> tuple[float, float]:
+        """CPU seconds used between two times by the training processes and by all the others."""
+        inside = [h for h in self.history if start <= h[0] <= end]
+        if len(inside) < 2:
+            return 0.0, 0.0
+        (_, first), (_, last) = inside[0], inside[-1]
+        training = other = 0.0
+        for pid, seconds in last.items():
+            used = seconds - first.get(pid, 0.0)
+            if self.labels.get(pid, "?") in TRAINING_PROCESSES:
+                training += used
+            else:
+                other += used
+        return training, other
 
     def run(self) -> None:
         while not self._halt.is_set():
@@ -147,6 +183,30 @@ class TreeSampler(threading.Thread):
             if not alive or time.time() >= deadline:
                 return alive
             time.sleep(0.2)
+
+
+# Processes that run the training steps; every other process of a job's tree is overhead.
+TRAINING_PROCESSES = ("ray::TrainWorker", "ray::RayTrainWorker", "torchrun_job.py", "plain_job.py")
+
+
+def process_label(proc: psutil.Process) -> str:
+    """A short name for a process: Ray's title (ray::TrainWorker), else the program or Python script."""
+    try:
+        cmd = proc.cmdline()
+    except psutil.Error:
+        return "?"
+    if not cmd:
+        return proc.name()
+    if cmd[0].startswith("ray::"):
+        return cmd[0].split(".")[0].split(" ")[0]
+    exe = os.path.basename(cmd[0])
+    if exe.startswith("python"):
+        for i, arg in enumerate(cmd[1:], 1):
+            if arg == "-m" and i + 1 < len(cmd):
+                return cmd[i + 1]
+            if arg.endswith(".py"):
+                return os.path.basename(arg)
+    return exe
 
 
 def _alive(proc: psutil.Process) -> bool:
@@ -206,6 +266,7 @@ def run_once(variant: str, args: argparse.Namespace, data_root: str, workdir: st
         "peak_rss_bytes": sampler.peak_bytes, "processes_at_peak": sampler.peak_processes,
         "processes_seen": len(sampler.known), "memory_samples": sampler.samples,
         "leftover_processes": [sampler.names.get(p.pid, str(p.pid)) for p in leftovers],
+        "cpu_s_by_process": sampler.cpu_by_label(),
         "load_average_at_start": load_before,
     }
     rank0_path, driver_path = os.path.join(out, "rank0.json"), os.path.join(out, "driver.json")
@@ -221,12 +282,22 @@ def run_once(variant: str, args: argparse.Namespace, data_root: str, workdir: st
             driver = json.load(f)
     ends = rank0["step_ends"]
     intervals = [b - a for a, b in zip(ends, ends[1:])][args.warmup_steps:]
+    cpu = record["cpu_s_by_process"]
+    steady_training_cpu, steady_other_cpu = sampler.cpu_split(ends[args.warmup_steps], ends[-1])
     script_start = driver.get("start", rank0.get("start"))
     record.update({
         "framework": driver.get("framework", rank0.get("framework")),
         "time_to_first_step_s": rank0["first_step_start"] - t0,
         "first_step_s": ends[0] - rank0["first_step_start"],
         "steady_steps_per_s": 1.0 / statistics.median(intervals),
+        # The job's fixed cost, independent of --steps: wall time outside the training steps.
+        "outside_steps_s": (t_exit - t0) - (ends[-1] - rank0["first_step_start"]),
+        # CPU seconds of the whole job, and during the steady-state steps: the training processes
+        # versus everything else of the tree (launchers, drivers, Ray's daemons), on the same 2 cores.
+        "cpu_s_training": round(sum(v for k, v in cpu.items() if k in TRAINING_PROCESSES), 2),
+        "cpu_s_other": round(sum(v for k, v in cpu.items() if k not in TRAINING_PROCESSES), 2),
+        "steady_cpu_share_other": (steady_other_cpu / (steady_training_cpu + steady_other_cpu)
+                                   if steady_training_cpu + steady_other_cpu > 0 else None),
         "steady_intervals_s": intervals,
         "steps": len(ends),
         "world_size": rank0["world_size"],
@@ -267,6 +338,9 @@ def summarise(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]
             "runs_ok": len(ok), "runs_failed": sum(1 for r in runs if r["variant"] == v) - len(ok),
             "wall_s": median_of(ok, "wall_s"), "time_to_first_step_s": median_of(ok, "time_to_first_step_s"),
             "steady_steps_per_s": median_of(ok, "steady_steps_per_s"),
+            "outside_steps_s": median_of(ok, "outside_steps_s"),
+            "cpu_s_training": median_of(ok, "cpu_s_training"), "cpu_s_other": median_of(ok, "cpu_s_other"),
+            "steady_cpu_share_other": median_of(ok, "steady_cpu_share_other"),
             "peak_rss_bytes": median_of(ok, "peak_rss_bytes"), "phases_s": phases,
             "world_size": ok[0]["world_size"] if ok else None,
             "threads": ok[0]["threads"] if ok else None,
@@ -289,6 +363,7 @@ def ratios(summary: dict[str, Any]) -> dict[str, Any]:
                                                "met": None if throughput is None
                                                else throughput >= TARGET_THROUGHPUT_RATIO},
         "trainlib_time_to_first_step_over_raytrain": ratio("trainlib", "raytrain", "time_to_first_step_s"),
+        "trainlib_outside_steps_over_raytrain": ratio("trainlib", "raytrain", "outside_steps_s"),
         "trainlib_peak_rss_over_raytrain": ratio("trainlib", "raytrain", "peak_rss_bytes"),
     }
 
@@ -326,8 +401,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"{settings['warmup_steps']} steps. {report['machine']['logical_cpus']} CPUs, torch "
         f"{report['machine']['torch']}, ray {report['machine']['ray']}.",
         "",
-        "| variant | workers | wall s | time to first step s | steady steps/s | samples/s | peak RSS (tree) GB |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | workers | wall s | time to first step s | steady steps/s | samples/s | wall outside steps s "
+        "| peak RSS (tree) GB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for v, row in s.items():
         samples = None if row["steady_steps_per_s"] is None else row["steady_steps_per_s"] * 128 * row["world_size"]
@@ -336,7 +412,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(
             f"| {name}{failed} | {row['world_size'] or 'n/a'} | {_fmt(row['wall_s'], '.1f')} | "
             f"{_fmt(row['time_to_first_step_s'], '.1f')} | {_fmt(row['steady_steps_per_s'], '.2f')} | "
-            f"{_fmt(samples, '.0f')} | {_fmt(None if row['peak_rss_bytes'] is None else row['peak_rss_bytes'] / 1e9, '.2f')} |"
+            f"{_fmt(samples, '.0f')} | {_fmt(row['outside_steps_s'], '.1f')} | {_fmt(None if row['peak_rss_bytes'] is None else row['peak_rss_bytes'] / 1e9, '.2f')} |"
         )
     w, t = r["trainlib_wall_over_raytrain_wall"], r["trainlib_steps_per_s_over_torchrun"]
 
@@ -349,11 +425,14 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|---|---|---|",
         f"| trainlib wall / Ray Train wall | {_fmt(w['value'], '.2f')} | {w['target']} | {verdict(w)} |",
         f"| trainlib steps/s / torchrun steps/s | {_fmt(t['value'], '.3f')} | {t['target']} | {verdict(t)} |",
+        f"| trainlib / Ray Train, wall outside the steps | {_fmt(r['trainlib_outside_steps_over_raytrain'], '.2f')} "
+        "| (no target) | |",
         "",
         "Where the wall time goes (median seconds from process start):",
         "",
-        "| variant | imports done | train_func entered | first step | last step | checkpoint report | last step to exit |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | imports done | train_func entered | first step | last step | checkpoint report | last step to exit "
+        "| CPU s: training processes / others | others' CPU share in steady state |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for v, row in s.items():
         p = row["phases_s"]
@@ -361,7 +440,9 @@ def markdown(report: dict[str, Any]) -> str:
             continue
         lines.append(
             f"| {v} | {p['imports_done']:.1f} | {p['train_func_enter']:.1f} | {p['first_step_start']:.1f} | "
-            f"{p['last_step_end']:.1f} | {p['report_s']:.2f} | {p['after_last_step_to_exit']:.1f} |"
+            f"{p['last_step_end']:.1f} | {p['report_s']:.2f} | {p['after_last_step_to_exit']:.1f} | "
+            f"{_fmt(row.get('cpu_s_training'), '.0f')} / {_fmt(row.get('cpu_s_other'), '.0f')} | "
+            f"{_fmt(None if row.get('steady_cpu_share_other') is None else 100 * row['steady_cpu_share_other'], '.1f')}% |"
         )
     lb, la = report["load_average_before"], report["load_average_after"]
     lines += [
@@ -373,8 +454,35 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_report(report: dict[str, Any], results_dir: str) -> str:
+    os.makedirs(results_dir, exist_ok=True)
+    with open(os.path.join(results_dir, "overhead.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    table = markdown(report)
+    with open(os.path.join(results_dir, "overhead.md"), "w") as f:
+        f.write("# Overhead benchmark\n\nReproduce: `make bench` (= `python bench/bench_overhead.py`); this file was "
+                f"written by `{report['command']}` on {report['created']}.\n\n" + table)
+    return table
+
+
+def rebuild(path: str, results_dir: str) -> int:
+    """Recompute the summary of a saved report (e.g. after changing the tables), from its raw runs."""
+    with open(path) as f:
+        report = json.load(f)
+    for run in report["runs"]:
+        if "error" not in run and "outside_steps_s" not in run:
+            p = run["phases_s"]
+            run["outside_steps_s"] = run["wall_s"] - (p["last_step_end"] - p["first_step_start"])
+    report["summary"] = summarise(report["runs"], report["settings"]["variants"])
+    report["ratios"] = ratios(report["summary"])
+    print(write_report(report, results_dir))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.rebuild:
+        return rebuild(args.rebuild, args.results_dir)
     from tasks.datasets import torchvision_layout
 
     load_before = os.getloadavg()
@@ -416,13 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                              "raylet, dashboard/agents, log monitor, Ray Train controller, worker processes; "
                              "torchrun: launcher and its 2 ranks)",
     }
-    os.makedirs(args.results_dir, exist_ok=True)
-    with open(os.path.join(args.results_dir, "overhead.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    table = markdown(report)
-    with open(os.path.join(args.results_dir, "overhead.md"), "w") as f:
-        f.write("# Overhead benchmark\n\n" + table)
-    print(table)
+    print(write_report(report, args.results_dir))
     return 0 if all(row["runs_failed"] == 0 for row in summary.values()) else 1
 
 

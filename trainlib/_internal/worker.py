@@ -79,6 +79,7 @@ class TrainWorker:
              master_addr: str, master_port: int) -> None:
         assert self.session is not None
         set_session(self.session)
+        _train_at_node_priority()
         try:
             train_func = _load_train_func(train_func_bytes, driver_sys_path)
             self.backend.on_start(info, master_addr, master_port)
@@ -111,6 +112,30 @@ class TrainWorker:
                 messages.append(self.outbox.get_nowait())
             except queue.Empty:
                 return messages
+
+
+def _train_at_node_priority() -> None:
+    """Give this worker's threads the Ray node's CPU priority instead of Ray's worker niceness (15).
+
+    Ray starts its worker processes niced, so a training rank loses the CPU to every other
+    process on the machine (Ray's own daemons included) and, on a busy node, trains far slower
+    than a torchrun rank (bench/results/overhead.md). Called in the training thread: the threads
+    it starts (OpenMP, gloo, data loading) inherit its priority. Lowering niceness needs root or
+    CAP_SYS_NICE; without them the worker stays as Ray set it.
+    """
+    try:
+        target = os.getpriority(os.PRIO_PROCESS, os.getppid())  # the raylet, which started this worker
+        if os.getpriority(os.PRIO_PROCESS, 0) <= target:
+            return
+        os.setpriority(os.PRIO_PROCESS, 0, target)  # this thread (on Linux niceness is per thread)
+        others = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []
+    except OSError:
+        return  # not permitted: train at Ray's niceness
+    for tid in others:  # the actor's other threads (Ray's RPC threads, the checkpoint uploader)
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), target)
+        except OSError:
+            pass  # a thread that has just exited
 
 
 def _load_train_func(payload: bytes, driver_sys_path: list[str]) -> Callable:
