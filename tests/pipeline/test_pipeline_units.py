@@ -10,6 +10,7 @@ import torch
 import yaml
 
 from conftest import REPO_ROOT
+from deployments import DEPLOYMENT_NAME, SCHEDULE_CRON, SCHEDULE_TIMEZONE, WORK_POOL
 from tasks.datasets import DatasetDownloadError
 from tasks.download import is_transient_download_failure
 from tasks.evaluation import evaluate_model, plot_confusion_matrix, plot_learning_curve, report_from_confusion
@@ -166,8 +167,9 @@ def test_prefect_yaml_deployment_spec():
     assert deployment["enforce_parameter_schema"] is True
     assert deployment["concurrency_limit"]["limit"] == 1
     [schedule] = deployment["schedules"]
-    assert schedule["cron"] and schedule["timezone"] == "Europe/Berlin"
-    assert deployment["work_pool"]["name"] == "trainlib-process"
+    assert (schedule["cron"], schedule["timezone"]) == (SCHEDULE_CRON, SCHEDULE_TIMEZONE)
+    assert deployment["work_pool"]["name"] == WORK_POOL
+    assert deployment["name"] == DEPLOYMENT_NAME
 
 
 def test_trainlib_never_imports_prefect():
