@@ -8,6 +8,7 @@ name again continues the run; TorchTrainer.restore and Result.from_path read it 
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -139,3 +140,15 @@ def test_hung_collective_fails_within_the_timeout(ray_session, storage_path):
     assert "timed out" in failure.cause.lower() or "timeout" in failure.cause.lower(), failure.cause
     # Start-up (two actors importing torch) is well under 30 s on the 2-core CI; the hang itself is 5 s.
     assert elapsed < timeout_s + 40, elapsed
+
+
+def test_retention_keeps_the_best_and_the_latest_on_disk(ray_session, storage_path):
+    # w grows every epoch, so with order "min" the first checkpoint is the best one.
+    result = fit(storage_path, "retention", {}, checkpoint_config=trainlib.CheckpointConfig(
+        num_to_keep=1, checkpoint_score_attribute="w", checkpoint_score_order="min"))
+    assert sorted(p for p in os.listdir(f"{storage_path}/retention") if p.startswith("checkpoint_")) == [
+        "checkpoint_000002", "checkpoint_000006"]
+    best = [(os.path.basename(c.path), m["epoch"]) for c, m in result.best_checkpoints]
+    assert best == [("checkpoint_000002", 2), ("checkpoint_000006", 6)]
+    assert result.checkpoint.path.endswith("checkpoint_000006")
+    assert trainlib.Result.from_path(result.path).best_checkpoints == result.best_checkpoints
