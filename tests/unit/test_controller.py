@@ -316,3 +316,11 @@ def test_local_storage_declared_shared_runs_on_several_nodes(tmp_path):
     controller, _ = make_controller(shared, [group])
     controller.run()
     assert controller.state is RunState.FINISHED and controller.num_nodes == 2
+
+
+def test_worker_error_text_shows_only_what_is_known():
+    from trainlib._internal.errors import WorkerError
+
+    assert str(WorkerError(1, "ValueError: x", node_ip="10.0.0.2")).startswith("worker rank 1 (node 10.0.0.2) failed")
+    assert "(node 10.0.0.2, pid 7)" in str(WorkerError(1, "ValueError: x", node_ip="10.0.0.2", pid=7))
+    assert str(WorkerError(0, "boom")) == "worker rank 0 failed: boom"

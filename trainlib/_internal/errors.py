@@ -33,7 +33,7 @@ class WorkerError(TrainlibError):
         self.traceback_text = traceback_text
         self.node_ip = node_ip
         self.pid = pid
-        where = f" (node {node_ip}, pid {pid})" if node_ip else ""
+        where = (f" (node {node_ip}" + (f", pid {pid}" if pid is not None else "") + ")") if node_ip else ""
         super().__init__(rank, cause, traceback_text, node_ip, pid)
         self._message = f"worker rank {rank}{where} failed: {cause}"
 
