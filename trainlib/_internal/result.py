@@ -9,7 +9,7 @@ from typing import Any
 from trainlib._internal.checkpoint import Checkpoint
 from trainlib._internal.config import CheckpointConfig
 from trainlib._internal.retention import rank_checkpoints
-from trainlib._internal.storage import RunStorage, resolve_filesystem
+from trainlib._internal.storage import RunStorage
 
 
 @dataclasses.dataclass
@@ -74,14 +74,7 @@ class Result:
         Only committed checkpoints are listed; a folder left half-written by a
         crash is ignored.
         """
-        fs, inner = resolve_filesystem(path, storage_filesystem, storage_options)
-        root, name = inner.rstrip("/").rsplit("/", 1)
-        storage = RunStorage(fs, root, name)
-        if not storage.exists():
-            raise FileNotFoundError(
-                f"Result.from_path({os.fspath(path)!r}): no trainlib run there (no trainlib_run.json). "
-                "Pass the run's folder: <storage_path>/<name>."
-            )
+        storage = RunStorage.open_existing(path, storage_filesystem, storage_options, caller="Result.from_path")
         state = storage.read_run_state()
         config = CheckpointConfig(**state.get("checkpoint_config", {}))
         error = None

@@ -135,6 +135,20 @@ class RunStorage:
         self.is_local = is_local_filesystem(fs)
         self.shared = shared or not self.is_local
 
+    @classmethod
+    def open_existing(cls, path: str | os.PathLike, filesystem: Any = None, storage_options: dict | None = None,
+                      caller: str = "open") -> "RunStorage":
+        """The run folder at ``path`` (``<storage_path>/<name>``); FileNotFoundError when no run is there."""
+        fs, inner = resolve_filesystem(path, filesystem, storage_options)
+        root, name = inner.rstrip("/").rsplit("/", 1)
+        storage = cls(fs, root, name, shared=declares_shared(path))
+        if not storage.exists():
+            raise FileNotFoundError(
+                f"{caller}({os.fspath(path)!r}): no trainlib run there (no {RUN_STATE_FILE}). Pass the run's "
+                "folder: <storage_path>/<name>."
+            )
+        return storage
+
     def uri(self, path: str | None = None) -> str:
         """The URL of ``path`` (default: the run folder), for people to read."""
         return self.fs.unstrip_protocol(path or self.run_path) if not self.is_local else (path or self.run_path)

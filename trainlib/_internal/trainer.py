@@ -188,15 +188,10 @@ class DataParallelTrainer:
         The training function, config and scaling come from the run folder
         unless given here. Works for unfinished, failed and finished runs.
         """
-        fs, inner = resolve_filesystem(path, storage_filesystem, storage_options)
-        root, name = inner.rstrip("/").rsplit("/", 1)
-        storage = RunStorage(fs, root, name)
-        if not storage.exists():
-            raise FileNotFoundError(
-                f"{cls.__name__}.restore({os.fspath(path)!r}): no trainlib run there. Pass the run folder, "
-                "<storage_path>/<name>."
-            )
-        saved = cloudpickle.loads(fs.cat_file(storage.join(TRAINER_FILE)))
+        storage = RunStorage.open_existing(path, storage_filesystem, storage_options,
+                                           caller=f"{cls.__name__}.restore")
+        name = storage.name
+        saved = cloudpickle.loads(storage.fs.cat_file(storage.join(TRAINER_FILE)))
         state = storage.read_run_state()
         run_config = RunConfig(
             name=name, storage_path=os.fspath(path).rstrip("/").rsplit("/", 1)[0], storage_filesystem=storage_filesystem,
