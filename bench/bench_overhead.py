@@ -134,7 +134,9 @@ class TreeSampler(threading.Thread):
                     self.cpu_s[pid] = times.user + times.system
                 alive += 1
                 if self.samples % 10 == 0 or pid not in self.labels:
-                    self.labels[pid] = process_label(proc)  # Ray renames its workers as they work
+                    label = process_label(proc)  # Ray renames its workers as they work
+                    if label is not None:
+                        self.labels[pid] = label
             except psutil.Error:
                 pass
         self.history.append((time.time(), dict(self.cpu_s)))
@@ -189,14 +191,17 @@ class TreeSampler(threading.Thread):
 TRAINING_PROCESSES = ("ray::TrainWorker", "ray::RayTrainWorker", "torchrun_job.py", "plain_job.py")
 
 
-def process_label(proc: psutil.Process) -> str:
-    """A short name for a process: Ray's title (ray::TrainWorker), else the program or Python script."""
+def process_label(proc: psutil.Process) -> str | None:
+    """A short name for a process: Ray's title (ray::TrainWorker), else the program or Python script.
+
+    None when the command line cannot be read (an exiting process has none): keep the last label.
+    """
     try:
         cmd = proc.cmdline()
     except psutil.Error:
-        return "?"
+        return None
     if not cmd:
-        return proc.name()
+        return None
     if cmd[0].startswith("ray::"):
         return cmd[0].split(".")[0].split(" ")[0]
     exe = os.path.basename(cmd[0])
@@ -378,6 +383,9 @@ def machine_info() -> dict[str, Any]:
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
         "torch": torch.__version__, "torchvision": torchvision.__version__, "ray": ray.__version__,
+        # ray.init() without an address joins a cluster started by `ray start` if this file exists.
+        "ray_current_cluster_file_present": os.path.exists(os.path.join(tempfile.gettempdir(), "ray",
+                                                                        "ray_current_cluster")),
         "git_commit": _git("rev-parse", "HEAD"), "git_dirty_files": len(_git("status", "--porcelain").splitlines()),
     }
 
@@ -473,6 +481,11 @@ def rebuild(path: str, results_dir: str) -> int:
         if "error" not in run and "outside_steps_s" not in run:
             p = run["phases_s"]
             run["outside_steps_s"] = run["wall_s"] - (p["last_step_end"] - p["first_step_start"])
+        # Runs recorded before process_label kept the last readable name: a process sampled while
+        # exiting got the fallback label "python", so its CPU split is unknown. Leave it out.
+        if "python" in run.get("cpu_s_by_process", {}):
+            run["cpu_split_unknown"] = True
+            run["cpu_s_training"] = run["cpu_s_other"] = run["steady_cpu_share_other"] = None
     report["summary"] = summarise(report["runs"], report["settings"]["variants"])
     report["ratios"] = ratios(report["summary"])
     print(write_report(report, results_dir))

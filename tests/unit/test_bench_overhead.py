@@ -1,0 +1,109 @@
+"""The overhead benchmark's harness (bench/bench_overhead.py): process-tree memory, tables, a real run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = os.path.join(REPO, "..", "shared", "datasets", "fashion-mnist")
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("bench_overhead", os.path.join(REPO, "bench", "bench_overhead.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+# A parent that starts a grandchild holding 200 MB, exits without waiting (the grandchild is
+# re-parented to init), and the grandchild lives on for a while.
+_TREE = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(3)"])
+time.sleep(1.5)
+"""
+
+
+def test_tree_sampler_counts_descendants_even_after_their_parent_exits():
+    proc = subprocess.Popen([sys.executable, "-c", _TREE])
+    sampler = bench.TreeSampler(proc.pid, 0.1)
+    sampler.start()
+    proc.wait()
+    time.sleep(0.5)  # the grandchild outlives its parent: still sampled
+    sampler.stop()
+    assert sampler.peak_bytes >= 200 * 2**20
+    assert sampler.peak_processes == 2
+    leftovers = sampler.leftovers(grace_s=0.0)
+    assert len(leftovers) == 1 and "bytearray" in sampler.names[leftovers[0].pid]
+    leftovers[0].kill()
+    assert sampler.cpu_by_label()  # CPU seconds were recorded per kind of process
+
+
+def test_process_label_names_scripts_and_modules():
+    me = bench.psutil.Process()
+    assert bench.process_label(me) is not None
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", "--help"], stdout=subprocess.DEVNULL)
+    try:
+        label = bench.process_label(bench.psutil.Process(proc.pid))
+        assert label in ("http.server", None)  # None only if it already exited
+    finally:
+        proc.wait()
+
+
+def _run(variant, wall, steps_per_s, outside=5.0):
+    return {"variant": variant, "returncode": 0, "framework": variant, "wall_s": wall,
+            "time_to_first_step_s": 1.0, "steady_steps_per_s": steps_per_s, "outside_steps_s": outside,
+            "peak_rss_bytes": 1e9, "world_size": 2, "threads": {}, "phases_s": {"imports_done": 1.0}}
+
+
+def test_medians_and_target_ratios():
+    runs = [_run("trainlib", w, s) for w, s in [(30, 2.0), (34, 1.9), (90, 0.5)]]
+    runs += [_run("raytrain", w, 1.5) for w in (50, 60, 55)]
+    runs += [_run("torchrun", 20, s) for s in (2.0, 1.9, 2.1)]
+    runs.append({"variant": "torchrun", "returncode": 1, "error": "boom"})
+    summary = bench.summarise(runs, ["trainlib", "raytrain", "torchrun"])
+    assert summary["trainlib"]["wall_s"] == 34 and summary["raytrain"]["wall_s"] == 55
+    assert summary["torchrun"]["runs_failed"] == 1 and summary["torchrun"]["runs_ok"] == 3
+    r = bench.ratios(summary)
+    assert r["trainlib_wall_over_raytrain_wall"]["value"] == pytest.approx(34 / 55)
+    assert r["trainlib_wall_over_raytrain_wall"]["met"] is False
+    assert r["trainlib_steps_per_s_over_torchrun"]["value"] == pytest.approx(1.9 / 2.0)
+    assert r["trainlib_steps_per_s_over_torchrun"]["met"] is False
+
+
+def test_bad_options_name_the_option(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--variants", "trainlib,deepspeed"])
+    assert "deepspeed" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--steps", "5", "--warmup-steps", "5"])
+    assert "--warmup-steps" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not os.path.isdir(DATA), reason="needs ../shared/datasets/fashion-mnist")
+def test_a_real_run_of_the_plain_variant_writes_json_and_table(tmp_path):
+    out = subprocess.run(
+        [sys.executable, os.path.join(REPO, "bench", "bench_overhead.py"), "--variants", "plain", "--steps", "4",
+         "--warmup-steps", "1", "--repeats", "1", "--results-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads((tmp_path / "overhead.json").read_text())
+    (run,) = report["runs"]
+    assert run["steps"] == 4 and run["world_size"] == 1
+    assert run["threads"]["torch_num_threads"] == 1
+    assert 0 < run["time_to_first_step_s"] < run["wall_s"]
+    assert run["peak_rss_bytes"] > 100 * 2**20  # torch + ResNet18 + the data set
+    assert run["checkpoint_bytes"] > 40 * 2**20  # ResNet18's state_dict
+    assert len(report["load_average_before"]) == 3 and report["machine"]["torch"]
+    assert "| plain PyTorch" in (tmp_path / "overhead.md").read_text()
