@@ -9,6 +9,7 @@ parent (bench/bench_overhead.py) to read.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -78,3 +79,13 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
     with open(tmp, "w") as f:
         json.dump(payload, f)
     os.replace(tmp, path)
+
+
+def parse_job_args() -> argparse.Namespace:
+    """The options every job variant takes: steps, where the data is, where to store, where to write."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--data-root", required=True)
+    parser.add_argument("--storage", required=True)
+    parser.add_argument("--out", required=True)
+    return parser.parse_args()

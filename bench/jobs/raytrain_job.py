@@ -7,7 +7,6 @@ import time
 
 T_START = time.time()
 
-import argparse  # noqa: E402
 import os  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -17,7 +16,9 @@ from torch.utils.data import DataLoader  # noqa: E402
 import ray  # noqa: E402
 import ray.train  # noqa: E402
 import ray.train.torch  # noqa: E402
-from common import BATCH_SIZE, build_dataset, build_model, thread_info, train_steps, write_json  # noqa: E402
+from common import (  # noqa: E402
+    BATCH_SIZE, build_dataset, build_model, parse_job_args, thread_info, train_steps, write_json,
+)
 
 T_IMPORTED = time.time()
 
@@ -54,12 +55,7 @@ def train_version() -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--data-root", required=True)
-    parser.add_argument("--storage", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parse_job_args()
     t_fit = time.time()
     trainer = ray.train.torch.TorchTrainer(
         train_func,

@@ -8,7 +8,6 @@ import time
 
 T_START = time.time()
 
-import argparse  # noqa: E402
 import os  # noqa: E402
 
 import torch  # noqa: E402
@@ -16,18 +15,15 @@ import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
-from common import BATCH_SIZE, build_dataset, build_model, thread_info, train_steps, write_json  # noqa: E402
+from common import (  # noqa: E402
+    BATCH_SIZE, build_dataset, build_model, parse_job_args, thread_info, train_steps, write_json,
+)
 
 T_IMPORTED = time.time()
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--data-root", required=True)
-    parser.add_argument("--storage", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parse_job_args()
     torch.set_num_threads(1)  # one per worker on this 2-core machine, as the Ray variants hold one CPU each
     t_enter = time.time()
     dist.init_process_group("gloo")

@@ -7,7 +7,6 @@ import time
 
 T_START = time.time()  # first line of user code, after the interpreter started
 
-import argparse  # noqa: E402
 import os  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -16,7 +15,9 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 import trainlib  # noqa: E402
 import trainlib.torch  # noqa: E402
-from common import BATCH_SIZE, build_dataset, build_model, thread_info, train_steps, write_json  # noqa: E402
+from common import (  # noqa: E402
+    BATCH_SIZE, build_dataset, build_model, parse_job_args, thread_info, train_steps, write_json,
+)
 
 T_IMPORTED = time.time()
 
@@ -45,12 +46,7 @@ def train_func(config):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--data-root", required=True)
-    parser.add_argument("--storage", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parse_job_args()
     t_fit = time.time()
     trainer = trainlib.torch.TorchTrainer(
         train_func,
