@@ -72,7 +72,7 @@ def test_tutorial_runs_on_generated_fashion_mnist(tmp_path):
 
 @pytest.mark.timeout(3 * 3600)
 @pytest.mark.skipif(os.environ.get("TRAINLIB_REAL_TUTORIAL") != "1",
-                    reason="the full tutorial on the real 60,000 images takes ~1 h on 2 cores: "
+                    reason="the full tutorial on the real 60,000 images takes about 20 minutes on 2 cores: "
                            "set TRAINLIB_REAL_TUTORIAL=1 (make tutorial runs it as well)")
 def test_tutorial_runs_on_real_fashion_mnist(tmp_path):
     proc = _run_tutorial(tmp_path, FASHION_MNIST_MIRROR, timeout_s=3 * 3600)
