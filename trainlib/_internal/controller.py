@@ -23,6 +23,7 @@ from typing import Any, Callable, Protocol
 
 import cloudpickle
 
+from trainlib._internal import tunables
 from trainlib._internal.callbacks import Callback, ReportRecord, RunInfo
 from trainlib._internal.checkpoint import Checkpoint
 from trainlib._internal.config import CheckpointConfig, FailureConfig
@@ -32,8 +33,6 @@ from trainlib._internal.session import DONE, ERROR, REPORT
 from trainlib._internal.storage import CommittedCheckpoint, RunStorage, checkpoint_dir_name
 
 logger = logging.getLogger("trainlib")
-
-FLUSH_AFTER_FAILURE_S = 30.0
 
 
 class RunState(enum.Enum):
@@ -169,7 +168,7 @@ class Controller:
                 elif kind == ERROR:
                     failures = [self._worker_error(message, plan)]
                     # Reports that every rank made before the failure are not lost.
-                    for other, late in group.flush(FLUSH_AFTER_FAILURE_S):
+                    for other, late in group.flush(tunables.FLUSH_AFTER_FAILURE_S):
                         if late[0] == REPORT:
                             self._add_report(pending, world_size, other, late)
                         elif late[0] == ERROR:

@@ -19,8 +19,9 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 # How long the driver waits for worker actors to start (import torch, join the group).
 WORKER_START_TIMEOUT_S = 300.0
 
-# How long stopped workers get to exit before they are killed.
-WORKER_STOP_GRACE_S = 2.0
+# After one rank fails, how long the others get to finish their pending checkpoint uploads, so
+# reports that every rank made are still committed before the group is torn down.
+FLUSH_AFTER_FAILURE_S = 30.0
 
 # MLflow tracking (trainlib.mlflow): every call of the logger's own client is bounded, so a
 # tracking outage costs the driver seconds, never the run. Failed calls are spooled locally.

@@ -229,17 +229,18 @@ class RayWorkerGroup:
                 break
             except Exception:  # noqa: BLE001 - not finished or another error: not the dead one
                 continue
-        _, _, cause, _, _ = self._death_message(rank, exc)
-        return WorkerError(rank=rank, cause=f"while the group was starting, {cause}")
+        return WorkerError(rank=rank, cause=f"while the group was starting, {self._death_cause(rank, exc)}")
 
     def _death_message(self, rank: int, exc: BaseException) -> tuple:
+        return (ERROR, rank, self._death_cause(rank, exc), "", None)
+
+    def _death_cause(self, rank: int, exc: BaseException) -> str:
         p = self._placements[rank] if rank < len(self._placements) else {}
         text = str(exc).strip().splitlines()
         detail = next((line.strip() for line in text if "exit" in line.lower() or "killed" in line.lower()
                        or "OOM" in line), text[0] if text else "")
-        cause = (f"the worker process (pid {p.get('pid')}) on node {p.get('node_ip')} died: {detail}. It may have "
-                 "been killed (OOM, SIGKILL) or its node lost")
-        return (ERROR, rank, cause, "", None)
+        return (f"the worker process (pid {p.get('pid')}) on node {p.get('node_ip')} died: {detail}. It may have "
+                "been killed (OOM, SIGKILL) or its node lost")
 
     def flush(self, timeout: float) -> list[tuple[int, tuple]]:
         """After a failure: collect what the live workers still had queued, uploads included."""
