@@ -14,7 +14,6 @@ import time
 import os
 import tempfile
 
-import fsspec
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -29,19 +28,13 @@ from tasks.train import TrainingOutcome, _artifact_key
 MLFLOW_ARTIFACT_DIR = "evaluation"
 
 
-def open_checkpoint(uri: str) -> trainlib.Checkpoint:
-    """A ``trainlib.Checkpoint`` from a checkpoint's path or URL."""
-    fs, path = fsspec.core.url_to_fs(uri)
-    return trainlib.Checkpoint(path, fs)
-
-
 def evaluate_checkpoint(checkpoint_uri: str, dataset: StagedDataset, cache_dir: str,
                         test_limit: int | None) -> EvaluationReport:
     """Load the model from ``checkpoint_uri`` and score it on the staged test split (plain function)."""
     files = fetch_dataset(dataset.name, os.path.expanduser(cache_dir), mirrors=[dataset.staged_url],
                           md5s=dataset.md5s)
     images, labels = load_fashion_mnist_split(files.folder, train=False, limit=test_limit)
-    with open_checkpoint(checkpoint_uri).as_directory() as folder:
+    with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
         model = load_model(folder)
     return evaluate_model(model, images, labels, CLASS_NAMES[dataset.name])
 

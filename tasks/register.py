@@ -16,7 +16,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from tasks.evaluate import open_checkpoint
+import trainlib
 from tasks.evaluation import EvaluationReport
 from tasks.model import MODEL_FILE, build_model, to_inputs
 from tasks.promotion import (
@@ -74,7 +74,7 @@ def _register_model(checkpoint_uri: str, model_name: str, run_id: str, tracking_
     from trainlib.mlflow import log_model
 
     example = to_inputs(torch.zeros(1, 28, 28, dtype=torch.uint8)).numpy()
-    log_model(open_checkpoint(checkpoint_uri), build_model(), state_dict_file=MODEL_FILE, input_example=example,
+    log_model(trainlib.Checkpoint.from_uri(checkpoint_uri), build_model(), state_dict_file=MODEL_FILE, input_example=example,
               registered_model_name=model_name, run_id=run_id, tracking_uri=tracking_uri)
 
 

@@ -169,7 +169,7 @@ def _perform(client: MlflowClient, record: dict[str, Any]) -> None:
         for i in range(0, len(tags), _PARAMS_PER_BATCH):
             client.log_batch(run_id, tags=tags[i:i + _PARAMS_PER_BATCH], synchronous=True)
     elif kind == "artifacts":
-        checkpoint = record.get("_checkpoint") or _checkpoint_from_uri(record["source"])
+        checkpoint = record.get("_checkpoint") or Checkpoint.from_uri(record["source"])
         if not checkpoint.filesystem.exists(checkpoint.path):
             raise MlflowException(
                 f"checkpoint {record['source']} no longer exists (deleted by retention?)",
@@ -181,13 +181,6 @@ def _perform(client: MlflowClient, record: dict[str, Any]) -> None:
         client.set_terminated(run_id, record["status"], end_time=int(record["end_time"]))
     else:
         raise MlflowException(f"unknown spool record kind {kind!r}", error_code="BAD_REQUEST")
-
-
-def _checkpoint_from_uri(uri: str) -> Checkpoint:
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(uri)
-    return Checkpoint(path, fs)
 
 
 def _spoolable(record: dict[str, Any]) -> dict[str, Any]:

@@ -44,6 +44,12 @@ class Checkpoint:
             )
         return cls(os.path.abspath(path))
 
+    @classmethod
+    def from_uri(cls, uri: str, storage_options: dict | None = None) -> "Checkpoint":
+        """The checkpoint at ``uri``, as :attr:`uri` gives it: a local path or an fsspec URL (``s3://...``)."""
+        filesystem, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+        return cls(path, filesystem)
+
     @property
     def is_local(self) -> bool:
         return is_local_filesystem(self.filesystem)
