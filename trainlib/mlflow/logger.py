@@ -37,6 +37,7 @@ from trainlib._internal.storage.run_record import RunStatus
 from trainlib._internal.tracking.params import params_for_logging, truncate
 from trainlib._internal.tracking.spool import Spool, describe_records
 from trainlib._internal.util.masking import redact_text, redact_url
+from trainlib._internal.util.paths import expand_path
 from trainlib._internal.util.versions import package_version, trainlib_version
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
@@ -63,6 +64,7 @@ DEFAULT_EXPERIMENT_NAME = "trainlib"
 LOG_CHECKPOINTS_CHOICES = ("all", "best", "last", "uri")
 CHECKPOINT_ARTIFACT_DIR = "checkpoints"
 SPOOL_FILE = "mlflow_spool.jsonl"
+DEFAULT_SPOOL_DIR = "~/.trainlib/mlflow_spool"  # for runs whose storage is not local
 
 
 
@@ -369,7 +371,7 @@ class MLflowLogger(Callback):
         if "://" not in run.path or run.path.startswith("file://"):
             local = run.path[len("file://"):] if run.path.startswith("file://") else run.path
             return os.path.join(local, SPOOL_FILE)
-        return os.path.join(os.path.expanduser("~/.trainlib/mlflow_spool"), f"{run.name}.{SPOOL_FILE}")
+        return os.path.join(expand_path(DEFAULT_SPOOL_DIR), f"{run.name}.{SPOOL_FILE}")
 
     def _emit_checkpoint(self, checkpoint: Checkpoint) -> None:
         name = posixpath.basename(checkpoint.path.rstrip("/"))
