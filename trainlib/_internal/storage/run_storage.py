@@ -1,4 +1,4 @@
-"""Run storage on fsspec: the run folder, atomic checkpoint commits, the metrics log.
+"""Run storage on fsspec: the run folder, atomic checkpoint commits, the metrics log. Driver and workers.
 
 Used on the driver (commit, retention, run state) and in worker actors
 (checkpoint upload). Layout of one run::
@@ -36,7 +36,7 @@ from trainlib._internal.storage.commits import (
 )
 from trainlib._internal.storage.run_record import RUN_STATE_FILE
 from trainlib._internal.util.atomic import atomic_copy, atomic_write
-from trainlib._internal.util.filesystem import declares_shared, is_local_filesystem, resolve_filesystem
+from trainlib._internal.util.filesystem import declares_shared, is_local_filesystem, resolve_filesystem, to_uri
 from trainlib._internal.util.retry import with_retries
 
 logger = logging.getLogger("trainlib")
@@ -75,7 +75,7 @@ class RunStorage:
 
     def uri(self, path: str | None = None) -> str:
         """The URL of ``path`` (default: the run folder), for people to read."""
-        return self.fs.unstrip_protocol(path or self.run_path) if not self.is_local else (path or self.run_path)
+        return to_uri(self.fs, path or self.run_path)
 
     def join(self, *parts: str) -> str:
         return posixpath.join(self.run_path, *parts)

@@ -46,3 +46,8 @@ def declares_shared(storage_path: str | os.PathLike | None) -> bool:
     says "this path is the same storage on every node" (an NFS or other shared mount).
     """
     return storage_path is not None and os.fspath(storage_path).startswith("file://")
+
+
+def to_uri(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """The URL of ``path`` on ``fs`` for people and ``Checkpoint.from_uri``: a plain path on local disk."""
+    return path if is_local_filesystem(fs) else fs.unstrip_protocol(path)
