@@ -236,7 +236,7 @@ def test_main_command_and_scheduled_deployment_share_one_registry(deployed):
     client = _mlflow(services)
     champion = client.get_model_version_by_alias(model_name, "champion")
     challenger = client.get_model_version_by_alias(model_name, "challenger")
-    assert (champion.version, challenger.version) == ("1", "2")
+    assert (str(champion.version), str(challenger.version)) == ("1", "2")
     # Judged against the first run's champion, in the same registry.
     assert challenger.tags["previous_champion_version"] == "1"
     assert challenger.tags["promotion_decision"] == "kept_champion"
@@ -343,7 +343,7 @@ def test_killed_deployment_run_resumes_from_its_checkpoint_when_retried(deployed
         progress
     client = _mlflow(services)
     versions = client.search_model_versions(f"name = '{model_name}'")
-    assert [v.version for v in versions] == ["1"]  # registered once
+    assert [str(v.version) for v in versions] == ["1"]  # registered once
     runs = client.search_runs([client.get_experiment_by_name("fmnist-resume").experiment_id])
     assert len(runs) == 1 and runs[0].data.tags["trainlib.resumed"] == "1"
     assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "val_accuracy")) == [1, 2, 3]
