@@ -253,7 +253,9 @@ def test_main_command_and_scheduled_deployment_share_one_registry(deployed):
     assert any("4 file(s) from the cache" in m for m in _logs(services, task_run_id=[download["id"]]))
     train = next(t for t in tasks if t["name"].startswith("train-"))
     assert any("rank 0 report 1" in m and "val_accuracy" in m for m in _logs(services, task_run_id=[train["id"]]))
-    artifacts = {a["key"]: a for a in _api(services, "/artifacts/filter", {}) if a["key"]}
+    artifacts = {}  # the latest of each key
+    for artifact in _api(services, "/artifacts/filter", {"sort": "CREATED_DESC"}):
+        artifacts.setdefault(artifact["key"], artifact)
     assert {f"evaluation-{model_name}", f"per-class-accuracy-{model_name}", f"model-registry-{model_name}",
             f"training-progress-{model_name}", "mlflow-run-fashion-mnist"} <= set(artifacts)
     assert artifacts[f"training-progress-{model_name}"]["data"] == pytest.approx(100.0)
