@@ -393,7 +393,7 @@ def test_failed_run_notifies_the_webhook_and_emits_training_failed(services, ray
             block_id = save_webhook_block(f"http://127.0.0.1:{receiver.server_port}/alerts", allow_private_urls=True)
             configure_alerts(block_id)
         started = time.monotonic()
-        state = _run_flow_in_process(services, ray_session, **SMALL, num_workers=64, epochs=1,
+        state = _run_flow_in_process(services, ray_session, **{**SMALL, "num_workers": 64}, epochs=1,
                                      mirrors=[FASHION_MNIST_MIRROR], model_name="fmnist-alerts",
                                      storage_path=str(tmp_path / "runs"), data_cache_dir=str(tmp_path / "cache"))
         assert state.is_failed()
