@@ -30,3 +30,9 @@ MLFLOW_HTTP_BACKOFF_FACTOR = 1
 MLFLOW_HTTP_TIMEOUT_S = 10
 # While the server is unreachable, try it again at most this often (one bounded probe).
 MLFLOW_RECONNECT_INTERVAL_S = 5.0
+
+# The run lease (one driver per run): the owner rewrites its lease this often; a lease whose
+# heartbeat is older than its TTL is stale and the next driver takes the run over. Clocks of
+# the drivers' hosts must agree to well within the TTL.
+LEASE_HEARTBEAT_S = 10.0
+LEASE_TTL_S = 60.0
