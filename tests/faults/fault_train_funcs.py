@@ -1,0 +1,41 @@
+"""Training functions of the fault tests, shipped to the Ray workers."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import trainlib
+
+
+def symlink_train_func(config):
+    """Report a good checkpoint, then one whose folder holds a symlink (config['link_to'])."""
+    with tempfile.TemporaryDirectory() as folder:
+        with open(os.path.join(folder, "state.txt"), "w") as f:
+            f.write("good")
+        trainlib.report({"step": 1}, checkpoint=trainlib.Checkpoint.from_directory(folder))
+    with tempfile.TemporaryDirectory() as folder:
+        with open(os.path.join(folder, "state.txt"), "w") as f:
+            f.write("second")
+        os.symlink(config["link_to"], os.path.join(folder, config.get("link_name", "leak")))
+        trainlib.report({"step": 2}, checkpoint=trainlib.Checkpoint.from_directory(folder))
+
+
+def straggler_train_func(config):
+    """Rank 0 finishes at once; rank 1 keeps running for config['rank1_sleep_s'] seconds."""
+    trainlib.report({"x": 1})
+    if trainlib.get_context().get_world_rank() == 1:
+        time.sleep(config["rank1_sleep_s"])
+
+
+def steps_train_func(config):
+    """config['steps'] reports, each with a small checkpoint from rank 0 (both ranks' files when config['both'])."""
+    ctx = trainlib.get_context()
+    for step in range(1, config["steps"] + 1):
+        with tempfile.TemporaryDirectory() as folder:
+            if ctx.get_world_rank() == 0 or config.get("both"):
+                with open(os.path.join(folder, config.get("file", "model.pt")), "w") as f:
+                    f.write(f"rank{ctx.get_world_rank()} step{step}")
+            trainlib.report({"step": step}, checkpoint=trainlib.Checkpoint.from_directory(folder))
+        time.sleep(config.get("sleep_s", 0))
