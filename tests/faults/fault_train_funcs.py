@@ -30,12 +30,22 @@ def straggler_train_func(config):
 
 
 def steps_train_func(config):
-    """config['steps'] reports, each with a small checkpoint from rank 0 (both ranks' files when config['both'])."""
+    """config['steps'] reports with a small checkpoint (model file from both ranks when config['both']); resumes."""
     ctx = trainlib.get_context()
-    for step in range(1, config["steps"] + 1):
+    start = 1
+    if trainlib.get_checkpoint() is not None:
+        with trainlib.get_checkpoint().as_directory() as folder:
+            start = int(open(os.path.join(folder, "step.txt")).read()) + 1
+    for step in range(start, config["steps"] + 1):
         with tempfile.TemporaryDirectory() as folder:
+            if ctx.get_world_rank() == 0:
+                with open(os.path.join(folder, "step.txt"), "w") as f:
+                    f.write(str(step))
             if ctx.get_world_rank() == 0 or config.get("both"):
                 with open(os.path.join(folder, config.get("file", "model.pt")), "w") as f:
                     f.write(f"rank{ctx.get_world_rank()} step{step}")
+                if config.get("big_bytes"):
+                    with open(os.path.join(folder, "big.bin"), "wb") as f:
+                        f.write(os.urandom(config["big_bytes"]))
             trainlib.report({"step": step}, checkpoint=trainlib.Checkpoint.from_directory(folder))
         time.sleep(config.get("sleep_s", 0))
