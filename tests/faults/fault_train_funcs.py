@@ -6,6 +6,8 @@ import os
 import tempfile
 import time
 
+import s3fs
+
 import trainlib
 
 
@@ -49,3 +51,37 @@ def steps_train_func(config):
                         f.write(os.urandom(config["big_bytes"]))
             trainlib.report({"step": step}, checkpoint=trainlib.Checkpoint.from_directory(folder))
         time.sleep(config.get("sleep_s", 0))
+
+
+def sharded_train_func(config):
+    """Each rank saves its own shard every step; rank 1 SIGKILLs itself right after report config['die_after']."""
+    import signal
+
+    ctx = trainlib.get_context()
+    rank = ctx.get_world_rank()
+    start = 1
+    if trainlib.get_checkpoint() is not None:
+        with trainlib.get_checkpoint().as_directory() as folder:
+            start = int(open(os.path.join(folder, "step.txt")).read()) + 1
+    for step in range(start, config["steps"] + 1):
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, f"shard_{rank}.txt"), "w") as f:
+                f.write(f"step{step}")
+            if rank == 0:
+                with open(os.path.join(folder, "step.txt"), "w") as f:
+                    f.write(str(step))
+            trainlib.report({"step": step, "start": start}, checkpoint=trainlib.Checkpoint.from_directory(folder))
+        if rank == 1 and step == config["die_after"] and ctx.get_attempt() == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SlowS3(s3fs.S3FileSystem):
+    """S3 whose file uploads take ``delay_s`` each: checkpoint uploads lag behind training."""
+
+    def __init__(self, *args, delay_s: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.delay_s = delay_s
+
+    def put_file(self, lpath, rpath, *args, **kwargs):
+        time.sleep(self.delay_s)
+        return super().put_file(lpath, rpath, *args, **kwargs)
