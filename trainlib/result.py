@@ -72,14 +72,25 @@ class Result:
         """Read a finished, failed or still running run back from its folder.
 
         Only committed checkpoints are listed; a folder left half-written by a
-        crash is ignored.
+        crash is ignored. A run recorded as running whose driver is gone (its
+        lease is stale) has ``error`` set, saying so: run it again to resume it.
         """
+        from trainlib._internal.storage.lease import read_lease
+        from trainlib.errors import TrainlibError
+
         storage = RunStorage.open_existing(path, storage_filesystem, storage_options, caller="Result.from_path")
         state = storage.read_run_state()
         config = CheckpointConfig(**state.get("checkpoint_config", {}))
         error = None
-        if state.get("status") == "FAILED":
-            from trainlib.errors import TrainlibError
-
+        status = state.get("status")
+        if status == "FAILED":
             error = TrainlibError(state.get("error") or "the run failed")
+        elif status in ("PENDING", "RUNNING"):
+            lease = read_lease(storage)
+            gone = lease.stale_reason() if lease is not None else None
+            if gone:
+                error = TrainlibError(
+                    f"The run is recorded {status} but its driver ({lease.describe()}) is gone: {gone}. It ended "
+                    "without recording how (killed, or its storage failed). Its committed checkpoints are intact: "
+                    "run fit() again with the same RunConfig(name, storage_path) to resume it.")
         return cls.from_storage(storage, config, error)

@@ -13,9 +13,9 @@ import fsspec
 import pytest
 
 from fault_helpers import MotoS3
-from trainlib._internal.errors import RunExistsError, RunInUseError
-from trainlib._internal.lease import LeaseRecord, RunLease, lease_file_name, read_lease
-from trainlib._internal.storage import RunStorage
+from trainlib.errors import RunExistsError, RunInUseError
+from trainlib._internal.storage.lease import LeaseRecord, RunLease, lease_file_name, read_lease
+from trainlib._internal.storage.run_storage import RunStorage
 
 pytestmark = pytest.mark.timeout(120)
 

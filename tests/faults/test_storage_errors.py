@@ -18,8 +18,8 @@ from fsspec.implementations.local import LocalFileSystem
 import trainlib
 from fault_helpers import MotoS3
 from fault_train_funcs import steps_train_func
-from trainlib._internal.errors import StorageError
-from trainlib._internal.storage import RunStorage
+from trainlib.errors import StorageError
+from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.torch import TorchTrainer
 
 pytestmark = pytest.mark.timeout(180)

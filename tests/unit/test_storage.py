@@ -70,7 +70,7 @@ def assert_only_previous_is_valid(storage, previous_step=1, crashed_step=2):
     trainer = TorchTrainer(train_func, run_config=trainlib.RunConfig(
         name=storage.name, storage_path=storage.uri(storage.root) if not storage.is_local else storage.root,
         storage_filesystem=None if storage.is_local else storage.fs, verbose=False))
-    resumed, _state, committed, _rows = trainer._prepare_run()
+    _state, committed, _rows = trainer._prepare_run(trainer._storage())
     assert [c.step for c in committed] == [previous_step]
     # _prepare_run removed the uncommitted folder.
     assert not storage.fs.exists(storage.checkpoint_path(crashed_step))

@@ -19,13 +19,16 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import posixpath
+import time
 from typing import Any, Callable, Protocol
 
 import cloudpickle
 
 from trainlib._internal import tunables
+from trainlib._internal.execution.callback_runner import CallbackRunner
 from trainlib._internal.execution.messages import DONE, ERROR, REPORT
-from trainlib._internal.storage.commits import CommittedCheckpoint, checkpoint_dir_name
+from trainlib._internal.storage.commits import CommittedCheckpoint, checkpoint_dir_name, merge_manifests
 from trainlib._internal.storage.retention import checkpoints_to_delete, warn_if_unscored
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
@@ -51,7 +54,7 @@ class WorkerGroup(Protocol):
     def placements(self) -> list[dict[str, Any]]: ...
     def start(self, train_func: Callable, config: dict | None, experiment_name: str, storage: RunStorage,
               checkpoint: Checkpoint | None, first_step: int, attempt: int) -> Any: ...
-    def wait(self) -> list[tuple[int, tuple]]: ...
+    def wait(self, timeout: float | None = None) -> list[tuple[int, tuple]]: ...
     def flush(self, timeout: float) -> list[tuple[int, tuple]]: ...
     def shutdown(self) -> None: ...
 
@@ -80,14 +83,18 @@ class Controller:
                  make_worker_group: Callable[[], WorkerGroup], checkpoint_config: CheckpointConfig,
                  failure_config: FailureConfig, callbacks: list[Callback], run_info: RunInfo,
                  start_checkpoint: Checkpoint | None = None, metrics_rows: list[dict[str, Any]] | None = None,
-                 committed: list[CommittedCheckpoint] | None = None, verbose: bool = True):
+                 committed: list[CommittedCheckpoint] | None = None, verbose: bool = True, lease: Any = None):
         self.train_func = train_func
         self.train_loop_config = train_loop_config
         self.storage = storage
         self.make_worker_group = make_worker_group
         self.checkpoint_config = checkpoint_config
         self.policy = FailurePolicy(failure_config.max_failures)
+        self.straggler_timeout_s = failure_config.straggler_timeout_s
         self.callbacks = callbacks
+        self.callback_runner = CallbackRunner(callbacks)  # hooks run off the commit path
+        self.lease = lease  # the run's lease (RunLease): checked before each commit
+        self._warned_shared: set[str] = set()
         self.run_info = run_info
         self.external_checkpoint = start_checkpoint
         self.metrics_rows = list(metrics_rows or [])
@@ -159,13 +166,29 @@ class Controller:
     def _collect(self, group: WorkerGroup, world_size: int, plan: Any) -> WorkerError | None:
         pending: dict[int, dict[int, _RankReport]] = {}
         done: set[int] = set()
+        first_done_at: float | None = None
+        warned = False
         while len(done) < world_size:
-            for rank, message in group.wait():
+            timeout = None
+            if first_done_at is not None and self.straggler_timeout_s is not None:
+                # Some ranks finished: the others get straggler_timeout_s (a warning at half of it).
+                waited = time.monotonic() - first_done_at
+                running = sorted(set(range(world_size)) - done)
+                if waited >= self.straggler_timeout_s:
+                    return self._straggler_error(running, sorted(done), waited)
+                if not warned and waited >= self.straggler_timeout_s / 2:
+                    warned = True
+                    logger.warning("Rank(s) %s still running %.0f s after rank(s) %s finished; the attempt fails "
+                                   "if they are still running after %.0f s (FailureConfig.straggler_timeout_s).",
+                                   running, waited, sorted(done), self.straggler_timeout_s)
+                timeout = (self.straggler_timeout_s if warned else self.straggler_timeout_s / 2) - waited
+            for rank, message in group.wait(timeout):
                 kind = message[0]
                 if kind == REPORT:
                     self._add_report(pending, world_size, rank, message)
                 elif kind == DONE:
                     done.add(rank)
+                    first_done_at = first_done_at or time.monotonic()
                 elif kind == ERROR:
                     failures = [self._worker_error(message, plan)]
                     # Reports that every rank made before the failure are not lost.
@@ -189,6 +212,13 @@ class Controller:
             )
         return None
 
+    def _straggler_error(self, running: list[int], done: list[int], waited: float) -> WorkerError:
+        return WorkerError(rank=running[0], cause=(
+            f"rank(s) {running} still running {waited:.0f} s after rank(s) {done} finished their training "
+            f"function (FailureConfig.straggler_timeout_s={self.straggler_timeout_s:g}): a rank may be stuck (in a "
+            "collective its peers never joined, a data loader, I/O), or the ranks run different numbers of steps. "
+            "Make every rank run the same loop, or raise straggler_timeout_s if the imbalance is expected."))
+
     def _worker_error(self, message: tuple, plan: Any) -> WorkerError:
         _, rank, cause, traceback_text, payload = message
         node_ip = plan.node_ips[rank] if plan is not None and hasattr(plan, "node_ips") else ""
@@ -205,6 +235,8 @@ class Controller:
     def _add_report(self, pending: dict[int, dict[int, _RankReport]], world_size: int, rank: int,
                     message: tuple) -> None:
         _, _, step, metrics, manifest, reported_at = message
+        if any(c.step == step for c in self.committed) and step not in pending:
+            return  # a dead rank's recovered report of a step committed already
         pending.setdefault(step, {})[rank] = _RankReport(metrics, manifest, reported_at)
         if len(pending[step]) == world_size:
             self._commit(step, pending.pop(step))
@@ -213,12 +245,21 @@ class Controller:
         metrics = ranks[0].metrics
         manifests = [r.manifest for r in ranks.values() if r.manifest is not None]
         checkpoint = None
+        if self.lease is not None:
+            self.lease.check()  # never commit into a run that another driver took over
         if manifests:
-            merged: dict[str, int] = {}
-            for manifest in manifests:
-                merged.update(manifest)
+            merged, shared = merge_manifests({r: rep.manifest for r, rep in ranks.items() if rep.manifest})
+            for rel, writers in shared.items():
+                # The last upload won: record the stored size, so the commit stays verifiable.
+                merged[rel] = self.storage.fs.size(posixpath.join(self.storage.checkpoint_path(step), rel))
+                if rel not in self._warned_shared:
+                    self._warned_shared.add(rel)
+                    logger.warning(
+                        "Ranks %s all wrote %r into checkpoint %d: the stored file is one of them (the last upload). "
+                        "Save it from one rank only (if trainlib.get_context().get_world_rank() == 0), or give each "
+                        "rank's file its own name (e.g. f'shard_{rank}.pt').", writers, rel, step)
             committed = self.storage.commit_checkpoint(step, metrics, merged)
-            self.committed = [c for c in self.committed if c.step != step] + [committed]
+            self.committed = sorted([c for c in self.committed if c.step != step] + [committed], key=lambda c: c.step)
             warn_if_unscored(committed, self.checkpoint_config)
             checkpoint = Checkpoint(committed.path, self.storage.fs)
         row = {"step": step, "attempt": self.attempt, "time": max(r.reported_at for r in ranks.values()),
@@ -242,12 +283,7 @@ class Controller:
             self._notify("after_checkpoint_deleted", self.run_info, Checkpoint(doomed.path, self.storage.fs))
 
     def _notify(self, hook: str, *args: Any) -> None:
-        for callback in self.callbacks:
-            try:
-                getattr(callback, hook)(*args)
-            except Exception as exc:  # noqa: BLE001 - a callback never fails training
-                logger.warning("Callback %s.%s failed: %s: %s", type(callback).__name__, hook,
-                               type(exc).__name__, exc)
+        self.callback_runner.notify(hook, *args)
 
 
 # Errors a rank gets because a peer died or failed (its collective lost the connection):

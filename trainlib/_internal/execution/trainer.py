@@ -16,9 +16,12 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from trainlib._internal import tunables
 from trainlib._internal.execution.controller import Controller
+from trainlib._internal.execution.ray_connect import ensure_ray
 from trainlib._internal.execution.worker import WorkerBackend
 from trainlib._internal.execution.worker_group import RayWorkerGroup
+from trainlib._internal.storage.lease import RunLease
 from trainlib._internal.storage.run_record import RUN_STATE_FILE
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib._internal.util.filesystem import declares_shared, resolve_filesystem
@@ -37,21 +40,6 @@ def _version() -> str:
     from trainlib import __version__
 
     return __version__
-
-
-def ensure_ray() -> None:
-    """Connect to Ray: the cluster in RAY_ADDRESS if set, else start an embedded local one."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=True)
-    else:
-        # The dashboard costs a second of start-up and is not needed for embedded runs.
-        # address="local": without it Ray joins the last cluster started on this machine
-        # (/tmp/ray/ray_current_cluster), which may be someone else's.
-        ray.init(address="local", include_dashboard=False, log_to_driver=True)
 
 
 def _check_train_func(func: Callable, config: dict | None) -> bool:
@@ -151,8 +139,18 @@ class DataParallelTrainer:
         rc = self.run_config
         if rc.verbose:
             _log_to_console()
-        ensure_ray()
-        storage, state, committed, rows = self._prepare_run()
+        storage = self._storage()
+        # One driver per run: take the run's lease before reading or changing its folder.
+        lease = RunLease(storage)
+        lease.acquire()
+        try:
+            return self._fit(storage, lease)
+        finally:
+            lease.release()
+
+    def _fit(self, storage: RunStorage, lease: RunLease) -> Result:
+        rc = self.run_config
+        state, committed, rows = self._prepare_run(storage)
         start_from = storage.uri(committed[-1].path) if committed else (
             self.resume_from_checkpoint.uri if self.resume_from_checkpoint else None)
         run_info = RunInfo(
@@ -162,6 +160,8 @@ class DataParallelTrainer:
         )
         for callback in rc.callbacks:
             callback.before_run(run_info)  # may raise: nothing has started yet
+        # Ray starts after the storage and tracking checks, which fail in seconds without it.
+        ensure_ray()
         state["status"] = "RUNNING"
         storage.write_json_atomic(storage.join(RUN_STATE_FILE), state)
         if start_from:
@@ -171,7 +171,7 @@ class DataParallelTrainer:
             make_worker_group=lambda: RayWorkerGroup(self.scaling_config, self.backend),
             checkpoint_config=rc.checkpoint_config, failure_config=rc.failure_config, callbacks=rc.callbacks,
             run_info=run_info, start_checkpoint=self.resume_from_checkpoint, metrics_rows=rows,
-            committed=committed, verbose=rc.verbose,
+            committed=committed, verbose=rc.verbose, lease=lease,
         )
         try:
             controller.run()
@@ -218,11 +218,15 @@ class DataParallelTrainer:
 
     # -- internals ---------------------------------------------------------------
 
-    def _prepare_run(self) -> tuple[RunStorage, dict[str, Any], list, list]:
+    def _storage(self) -> RunStorage:
         rc = self.run_config
         fs, root = resolve_filesystem(rc.storage_path, rc.storage_filesystem, rc.storage_options)
         name = rc.name or default_run_name(type(self).__name__)
-        storage = RunStorage(fs, root, name, shared=declares_shared(rc.storage_path))
+        return RunStorage(fs, root, name, shared=declares_shared(rc.storage_path))
+
+    def _prepare_run(self, storage: RunStorage) -> tuple[dict[str, Any], list, list]:
+        rc = self.run_config
+        name = storage.name
         committed, rows = [], []
         if storage.exists():
             previous = storage.read_run_state()
@@ -241,12 +245,13 @@ class DataParallelTrainer:
                 storage.remove_uncommitted()
                 committed = storage.committed_checkpoints()
                 rows = storage.read_metrics_log()
+                storage.repair_metrics_log(rows)  # a crash may have torn its last line
                 logger.warning("Run %r exists (%s) at %s: resuming it from %s (RunConfig.if_exists='resume').",
                                name, status, storage.uri(),
                                committed[-1].path if committed else "the start (it has no committed checkpoint)")
                 state = previous
                 state["resumed"] = state.get("resumed", 0) + 1
-                return storage, state, committed, rows
+                return state, committed, rows
         state = {
             "name": name, "status": "PENDING", "created_at": time.time(), "trainlib_version": _version(),
             "storage_path": storage.uri(storage.root),
@@ -258,7 +263,7 @@ class DataParallelTrainer:
             "train_loop_per_worker": self.train_loop_per_worker, "train_loop_config": self.train_loop_config,
             "scaling_config": self.scaling_config,
         }))
-        return storage, state, committed, rows
+        return state, committed, rows
 
     def _end_run(self, storage: RunStorage, state: dict[str, Any], controller: Controller,
                  error: BaseException | None) -> Result:
@@ -280,7 +285,9 @@ class DataParallelTrainer:
                 raise
             logger.warning("Could not read the failed run back from storage: %s", exc)
             result = Result(metrics=None, checkpoint=None, path=storage.uri(), error=error)
-        for callback in self.run_config.callbacks:
+        # The queued hooks first (bounded: a tracking server that hangs does not hold the run);
+        # then after_run of every callback that is not stuck.
+        for callback in controller.callback_runner.drain(tunables.CALLBACK_DRAIN_TIMEOUT_S):
             try:
                 callback.after_run(controller.run_info, result)
             except Exception as exc:  # noqa: BLE001 - training is over; report and go on

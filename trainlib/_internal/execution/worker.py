@@ -103,6 +103,11 @@ class TrainWorker:
             except queue.Empty:
                 return messages
 
+    def close(self) -> None:
+        """Before the group is torn down: remove this worker's staging folder."""
+        if self.session is not None:
+            self.session.close()
+
     def flush(self, timeout: float) -> list[tuple]:
         """After another rank failed: let pending uploads finish, then return what is queued."""
         if self.session is not None:

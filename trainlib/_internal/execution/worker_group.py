@@ -16,10 +16,11 @@ import cloudpickle
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.messages import ERROR
+from trainlib._internal.execution.staging import finish_staged_uploads
 from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
 from trainlib._internal.storage.run_storage import RunStorage
@@ -95,6 +96,7 @@ class RayWorkerGroup:
         self._actors = [by_index[i] for i in plan.order]
         self._placements = [placements[i] for i in plan.order]
         self.plan = plan
+        self._storage = storage
         train_func_ref = ray.put(cloudpickle.dumps(train_func))
         refs = [
             actor.start.remote(train_func_ref, list(sys.path), config, plan.infos[rank], storage, checkpoint,
@@ -108,16 +110,16 @@ class RayWorkerGroup:
         self._pending = {actor.next_messages.remote(): rank for rank, actor in enumerate(self._actors)}
         return plan
 
-    def wait(self) -> list[tuple[int, tuple]]:
-        """Block until some worker sends messages or dies; return them as (rank, message)."""
-        ready, _ = ray.wait(list(self._pending), num_returns=1)
+    def wait(self, timeout: float | None = None) -> list[tuple[int, tuple]]:
+        """Wait until some worker sends messages or dies (at most ``timeout`` s); return them as (rank, message)."""
+        ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=timeout)
         out = []
         for ref in ready:
             rank = self._pending.pop(ref)
             try:
                 messages = ray.get(ref)
             except RayActorError as exc:
-                messages = [self._death_message(rank, exc)]
+                messages = self._recover_staged(rank) + [self._death_message(rank, exc)]
             out.extend((rank, m) for m in messages)
             if not any(m[0] in ("done", ERROR) for m in messages):
                 self._pending[self._actors[rank].next_messages.remote()] = rank
@@ -162,11 +164,41 @@ class RayWorkerGroup:
                 out.extend((rank, m) for m in ray.get(ref))
             except RayActorError as exc:
                 # A rank that died: the controller may pick its death as the root cause.
-                out.append((rank, self._death_message(rank, exc)))
+                out.extend((rank, m) for m in self._recover_staged(rank) + [self._death_message(rank, exc)])
         return out
 
+    def _recover_staged(self, rank: int) -> list[tuple]:
+        """A dead rank's staged-but-not-uploaded checkpoints: uploaded from its node; their REPORT messages.
+
+        Runs before the controller decides where the restart resumes, so no report that the dead
+        worker made is lost while its files are still on its node's disk. Bounded in time; when
+        the node itself is gone, its staged files are lost and the restart resumes from the latest
+        commit (the loss is at most MAX_PENDING_UPLOADS_PER_WORKER + 1 reports, and stated).
+        """
+        p = self._placements[rank] if rank < len(self._placements) else {}
+        storage = getattr(self, "_storage", None)
+        if storage is None or storage.is_local or not p.get("node_id"):
+            return []  # local storage: report() wrote straight into storage, nothing was staged
+        task = ray.remote(num_cpus=0, max_retries=0)(finish_staged_uploads).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(p["node_id"], soft=False))
+        ref = task.remote(storage, rank, p["pid"])
+        try:
+            messages = ray.get(ref, timeout=tunables.FLUSH_AFTER_FAILURE_S)
+        except Exception as exc:  # noqa: BLE001 - node lost, or the uploads failed: the loss is stated
+            ray.cancel(ref, force=True)
+            logger.warning("Rank %d died with checkpoints staged on node %s that could not be uploaded (%s: %s); "
+                           "the restart resumes from the latest committed checkpoint.", rank, p.get("node_ip"),
+                           type(exc).__name__, str(exc)[:300])
+            return []
+        if messages:
+            logger.warning("Rank %d died; its node finished the upload of its staged checkpoint(s) for step(s) %s.",
+                           rank, ", ".join(str(m[2]) for m in messages))
+        return messages
+
     def shutdown(self) -> None:
-        """Kill the actors and release the placement group."""
+        """Kill the actors (after letting them remove their staging folders) and release the placement group."""
+        if self._actors:
+            ray.wait([a.close.remote() for a in self._actors], num_returns=len(self._actors), timeout=2.0)
         for actor in self._actors:
             try:
                 ray.kill(actor, no_restart=True)

@@ -35,7 +35,7 @@ import uuid
 from typing import Any
 
 from trainlib._internal import tunables
-from trainlib._internal.errors import RunInUseError
+from trainlib.errors import RunInUseError
 
 logger = logging.getLogger("trainlib")
 
