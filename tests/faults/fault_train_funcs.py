@@ -85,3 +85,28 @@ class SlowS3(s3fs.S3FileSystem):
     def put_file(self, lpath, rpath, *args, **kwargs):
         time.sleep(self.delay_s)
         return super().put_file(lpath, rpath, *args, **kwargs)
+
+
+def counting_train_func(config):
+    """Deterministic and resumable: w = w/2 + epoch each epoch; a checkpoint every epoch; sleeps config['sleep_s']."""
+    start, w = 1, 0.0
+    checkpoint = trainlib.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            epoch, w = open(os.path.join(folder, "state.txt")).read().split()
+            start, w = int(epoch) + 1, float(w)
+    for epoch in range(start, config["epochs"] + 1):
+        w = w / 2 + epoch
+        time.sleep(config.get("sleep_s", 0))
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, "state.txt"), "w") as f:
+                f.write(f"{epoch} {w!r}")
+            trainlib.report({"epoch": epoch, "w": w, "start_epoch": start},
+                            checkpoint=trainlib.Checkpoint.from_directory(folder))
+
+
+def expected_w(epochs: int) -> float:
+    w = 0.0
+    for epoch in range(1, epochs + 1):
+        w = w / 2 + epoch
+    return w

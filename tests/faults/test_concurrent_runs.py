@@ -20,7 +20,7 @@ import pytest
 
 import trainlib
 from fault_helpers import MotoS3, start_driver
-from storage_helpers import expected_w, resumable_train_func
+from fault_train_funcs import counting_train_func, expected_w
 from trainlib.torch import TorchTrainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -30,10 +30,9 @@ DRIVER = """
 import json, sys
 import trainlib
 from trainlib.torch import TorchTrainer
-from storage_helpers import resumable_train_func
+from fault_train_funcs import counting_train_func
 storage_path, options, epochs, sleep_s = {storage_path!r}, {options!r}, {epochs}, {sleep_s}
-result = TorchTrainer(resumable_train_func,
-                      train_loop_config={{"epochs": epochs, "ckpt_every": 1, "sleep_s": sleep_s}},
+result = TorchTrainer(counting_train_func, train_loop_config={{"epochs": epochs, "sleep_s": sleep_s}},
                       scaling_config=trainlib.ScalingConfig(num_workers=1),
                       run_config=trainlib.RunConfig(name="shared", storage_path=storage_path, storage_options=options,
                                                     verbose=False)).fit()
@@ -70,7 +69,7 @@ def _wait_for(fs, path: str, process, timeout: float = 180.0) -> None:
 
 
 def _fit_b(storage_path, options, epochs=EPOCHS):
-    return TorchTrainer(resumable_train_func, train_loop_config={"epochs": epochs, "ckpt_every": 1},
+    return TorchTrainer(counting_train_func, train_loop_config={"epochs": epochs},
                         scaling_config=trainlib.ScalingConfig(num_workers=1),
                         run_config=trainlib.RunConfig(name="shared", storage_path=storage_path,
                                                       storage_options=options, verbose=False)).fit()
@@ -97,7 +96,7 @@ def test_second_driver_on_a_live_run_is_refused(where):
     rows = json.loads(out.split("RESULT ", 1)[1])
     # A's run is A's alone: every epoch once, one attempt, never restarted, the exact end value.
     assert rows["epoch"] == list(range(1, EPOCHS + 1)) and set(rows["attempt"]) == {0}
-    assert set(rows["start_epoch"]) == {1} and rows["w"][-1] == expected_w(EPOCHS, 1)
+    assert set(rows["start_epoch"]) == {1} and rows["w"][-1] == expected_w(EPOCHS)
 
 
 def test_dead_drivers_run_is_taken_over_and_resumed(ray_session, where):
@@ -119,7 +118,7 @@ def test_dead_drivers_run_is_taken_over_and_resumed(ray_session, where):
     last_committed = max(int(p.rsplit("_", 1)[1]) for p in kept)
     # Resumed from A's latest commit (not from scratch), with the exact end value.
     assert df["start_epoch"].iloc[-1] == last_committed + 1, df
-    assert df["w"].iloc[-1] == expected_w(EPOCHS, 1)
+    assert df["w"].iloc[-1] == expected_w(EPOCHS)
     fs.invalidate_cache()
     for path, marker in kept.items():  # nothing A committed was lost or rewritten
         assert fs.cat_file(f"{path}/.trainlib_commit.json") == marker

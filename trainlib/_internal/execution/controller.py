@@ -178,9 +178,9 @@ class Controller:
                     return self._straggler_error(running, sorted(done), waited)
                 if not warned and waited >= self.straggler_timeout_s / 2:
                     warned = True
-                    logger.warning("Rank(s) %s still running %.0f s after rank(s) %s finished; the attempt fails "
-                                   "if they are still running after %.0f s (FailureConfig.straggler_timeout_s).",
-                                   running, waited, sorted(done), self.straggler_timeout_s)
+                    logger.warning("%s still running %.0f s after %s finished; the attempt fails if still running "
+                                   "after %.0f s (FailureConfig.straggler_timeout_s).", _ranks(running).capitalize(),
+                                   waited, _ranks(sorted(done)), self.straggler_timeout_s)
                 timeout = (self.straggler_timeout_s if warned else self.straggler_timeout_s / 2) - waited
             for rank, message in group.wait(timeout):
                 kind = message[0]
@@ -214,7 +214,7 @@ class Controller:
 
     def _straggler_error(self, running: list[int], done: list[int], waited: float) -> WorkerError:
         return WorkerError(rank=running[0], cause=(
-            f"rank(s) {running} still running {waited:.0f} s after rank(s) {done} finished their training "
+            f"{_ranks(running)} still running {waited:.0f} s after {_ranks(done)} finished the training "
             f"function (FailureConfig.straggler_timeout_s={self.straggler_timeout_s:g}): a rank may be stuck (in a "
             "collective its peers never joined, a data loader, I/O), or the ranks run different numbers of steps. "
             "Make every rank run the same loop, or raise straggler_timeout_s if the imbalance is expected."))
@@ -302,6 +302,10 @@ def root_cause(failures: list[WorkerError]) -> WorkerError:
         if other is not first and other.rank != first.rank:
             logger.info("Rank %d also failed, after rank %d: %s", other.rank, first.rank, other.cause[:300])
     return first
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def _fmt_value(value: Any) -> str:
