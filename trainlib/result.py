@@ -49,7 +49,8 @@ class Result:
                      error: BaseException | None = None) -> "Result":
         import pandas as pd
 
-        rows = storage.read_metrics_log()
+        # Commit order can differ from step order when a dead rank's reports are recovered late.
+        rows = sorted(storage.read_metrics_log(), key=lambda r: (int(r.get("attempt", 0)), int(r["step"])))
         committed = storage.committed_checkpoints()
         latest = committed[-1] if committed else None
         best = rank_checkpoints(committed, checkpoint_config)

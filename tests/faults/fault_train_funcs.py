@@ -6,8 +6,6 @@ import os
 import tempfile
 import time
 
-import s3fs
-
 import trainlib
 
 
@@ -59,6 +57,8 @@ def sharded_train_func(config):
 
     ctx = trainlib.get_context()
     rank = ctx.get_world_rank()
+    if config.get("upload_delay_s") and ctx.get_attempt() == 0:
+        _slow_down_uploads(config["upload_delay_s"])
     start = 1
     if trainlib.get_checkpoint() is not None:
         with trainlib.get_checkpoint().as_directory() as folder:
@@ -75,16 +75,18 @@ def sharded_train_func(config):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-class SlowS3(s3fs.S3FileSystem):
-    """S3 whose file uploads take ``delay_s`` each: checkpoint uploads lag behind training."""
+def _slow_down_uploads(delay_s: float) -> None:
+    """Fault injection: this worker's checkpoint uploads take ``delay_s`` more per file (slow storage)."""
+    from trainlib._internal.execution.session import current_session
 
-    def __init__(self, *args, delay_s: float = 0.0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.delay_s = delay_s
+    storage = current_session().storage
+    upload = storage._upload_file
 
-    def put_file(self, lpath, rpath, *args, **kwargs):
-        time.sleep(self.delay_s)
-        return super().put_file(lpath, rpath, *args, **kwargs)
+    def slow_upload(local_file, dest):
+        time.sleep(delay_s)
+        upload(local_file, dest)
+
+    storage._upload_file = slow_upload
 
 
 def counting_train_func(config):

@@ -50,7 +50,13 @@ from trainlib.mlflow.records import (
     spoolable,
 )
 from trainlib.mlflow.spool import SpoolReplay, replay_spool
-from trainlib.mlflow.store import STATE_KEY, bounded_http, default_tracking_uri, sqlite_artifact_root
+from trainlib.mlflow.store import (
+    STATE_KEY,
+    bounded_http,
+    default_tracking_uri,
+    probe_tracking_server,
+    sqlite_artifact_root,
+)
 
 if TYPE_CHECKING:
     from trainlib.errors import WorkerError
@@ -162,6 +168,7 @@ class MLflowLogger(Callback):
 
     def before_run(self, run: RunInfo) -> None:
         self._uri = self.tracking_uri or default_tracking_uri()
+        probe_tracking_server(self._uri)  # seconds, not MLflow's minutes of retries; before Ray starts
         self._client = MlflowClient(tracking_uri=self._uri)
         self._offline_since = None
         self._failures = 0
