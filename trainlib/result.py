@@ -7,9 +7,11 @@ import os
 from typing import Any
 
 from trainlib._internal.storage.retention import rank_checkpoints
+from trainlib._internal.storage.run_record import RunRecord, RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig
+from trainlib.errors import TrainlibError
 
 
 @dataclasses.dataclass
@@ -80,18 +82,16 @@ class Result:
         from trainlib.errors import TrainlibError
 
         storage = RunStorage.open_existing(path, storage_filesystem, storage_options, caller="Result.from_path")
-        state = storage.read_run_state()
-        config = CheckpointConfig(**state.get("checkpoint_config", {}))
+        record = RunRecord.load(storage)
         error = None
-        status = state.get("status")
-        if status == "FAILED":
-            error = TrainlibError(state.get("error") or "the run failed")
-        elif status in ("PENDING", "RUNNING"):
+        if record.status is RunStatus.FAILED:
+            error = TrainlibError(record.error or "the run failed")
+        elif record.status in (RunStatus.PENDING, RunStatus.RUNNING):
             lease = read_lease(storage)
             gone = lease.stale_reason() if lease is not None else None
             if gone:
                 error = TrainlibError(
-                    f"The run is recorded {status} but its driver ({lease.describe()}) is gone: {gone}. It ended "
-                    "without recording how (killed, or its storage failed). Its committed checkpoints are intact: "
-                    "run fit() again with the same RunConfig(name, storage_path) to resume it.")
-        return cls.from_storage(storage, config, error)
+                    f"The run is recorded {record.status.value} but its driver ({lease.describe()}) is gone: {gone}. "
+                    "It ended without recording how (killed, or its storage failed). Its committed checkpoints are "
+                    "intact: run fit() again with the same RunConfig(name, storage_path) to resume it.")
+        return cls.from_storage(storage, CheckpointConfig(**record.checkpoint_config), error)

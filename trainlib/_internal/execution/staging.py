@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Any
 
-from trainlib._internal.execution.messages import REPORT
+from trainlib._internal.execution.messages import ReportMessage
 from trainlib._internal.storage.checkpoint_files import checkpoint_files
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.checkpoint import Checkpoint
@@ -60,7 +60,7 @@ def write_record(staged_dir: str, step: int, metrics: dict[str, Any], reported_a
     os.replace(tmp, path)
 
 
-def finish_staged_uploads(storage: RunStorage, rank: int, pid: int) -> list[tuple]:
+def finish_staged_uploads(storage: RunStorage, rank: int, pid: int) -> list[ReportMessage]:
     """On the dead worker's node: upload what worker ``pid`` (rank ``rank``) staged; return its REPORT messages."""
     messages = []
     for root in glob.glob(os.path.join(tempfile.gettempdir(), f"{_PREFIX}{rank}_pid{pid}_*")):
@@ -78,7 +78,8 @@ def finish_staged_uploads(storage: RunStorage, rank: int, pid: int) -> list[tupl
             staged_dir = os.path.join(root, f"step_{record['step']}")
             if manifest is None and os.path.isdir(staged_dir):
                 manifest = storage.upload_directory(staged_dir, storage.checkpoint_path(record["step"]))
-            messages.append((REPORT, rank, record["step"], record["metrics"], manifest, record["reported_at"]))
+            messages.append(ReportMessage(rank=rank, step=record["step"], metrics=record["metrics"], manifest=manifest,
+                                          reported_at=record["reported_at"]))
         shutil.rmtree(root, ignore_errors=True)
     return messages
 

@@ -3,28 +3,26 @@
 It checks the request against the cluster (an impossible one fails at once),
 reserves one placement-group bundle per worker with a bounded wait, starts the
 actors, lays out the ranks, and turns every actor's messages, or its death,
-into ``(rank, message)`` pairs for the controller.
+into typed messages for the controller (``messages.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
-from typing import Any, Callable
+from typing import Any
 
-import cloudpickle
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from trainlib._internal import tunables
-from trainlib._internal.execution.messages import ERROR
-from trainlib._internal.execution.staging import finish_staged_uploads
+from trainlib._internal.execution.messages import FailedMessage, WorkerMessage, is_last
 from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
+from trainlib._internal.execution.spec import AttemptSpec, WorkerStart
+from trainlib._internal.execution.staging import finish_staged_uploads
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
 from trainlib._internal.storage.run_storage import RunStorage
-from trainlib.checkpoint import Checkpoint
 from trainlib.config import ScalingConfig
 from trainlib.errors import ResourcesUnavailableError, WorkerError
 
@@ -34,14 +32,16 @@ logger = logging.getLogger("trainlib")
 class RayWorkerGroup:
     """The actors of one attempt. ``start_actors`` -> ``placements`` -> ``start`` -> ``wait`` ... -> ``shutdown``."""
 
-    def __init__(self, scaling: ScalingConfig, backend: WorkerBackend):
+    def __init__(self, scaling: ScalingConfig, backend: WorkerBackend, train_fn: Any):
         self.scaling = scaling
         self.backend = backend
+        self.train_fn = train_fn  # a Ray reference to the TrainFunction, put once per run by the trainer
         self._pg = None
         self._actors: list[Any] = []  # by rank once started
         self._pending: dict[Any, int] = {}  # outstanding next_messages ref -> rank
         self._placements: list[dict[str, Any]] = []
         self.plan: RankPlan | None = None
+        self._storage: RunStorage | None = None  # of the started attempt, for recovering a dead rank's uploads
 
     def start_actors(self) -> None:
         """Reserve the placement group (bounded wait) and start the actors; returns before they are ready."""
@@ -85,22 +85,20 @@ class RayWorkerGroup:
             ) from None
         return self._placements
 
-    def start(self, train_func: Callable, config: dict | None, experiment_name: str, storage: RunStorage,
-              checkpoint: Checkpoint | None, first_step: int, attempt: int) -> RankPlan:
+    def start(self, attempt: AttemptSpec) -> RankPlan:
         """Lay out ranks and start the training function on every worker."""
         placements = self._placements or self.placements()
         by_index = list(self._actors)
-        rank0 = plan_ranks(placements, experiment_name, storage.uri(), attempt, 0).order[0]
+        rank0 = plan_ranks(placements, 0).order[0]
         master_port = ray.get(by_index[rank0].find_free_port.remote())  # free on rank 0's node
-        plan = plan_ranks(placements, experiment_name, storage.uri(), attempt, master_port)
+        plan = plan_ranks(placements, master_port)
         self._actors = [by_index[i] for i in plan.order]
         self._placements = [placements[i] for i in plan.order]
         self.plan = plan
-        self._storage = storage
-        train_func_ref = ray.put(cloudpickle.dumps(train_func))
+        self._storage = attempt.storage
         refs = [
-            actor.start.remote(train_func_ref, list(sys.path), config, plan.infos[rank], storage, checkpoint,
-                               first_step, plan.envs[rank]["MASTER_ADDR"], master_port, plan.envs[rank])
+            actor.start.remote(WorkerStart(attempt=attempt, info=plan.infos[rank], env=plan.envs[rank],
+                                           train_fn=self.train_fn))
             for rank, actor in enumerate(self._actors)
         ]
         try:
@@ -110,18 +108,18 @@ class RayWorkerGroup:
         self._pending = {actor.next_messages.remote(): rank for rank, actor in enumerate(self._actors)}
         return plan
 
-    def wait(self, timeout: float | None = None) -> list[tuple[int, tuple]]:
-        """Wait until some worker sends messages or dies (at most ``timeout`` s); return them as (rank, message)."""
+    def wait(self, timeout: float | None = None) -> list[WorkerMessage]:
+        """Wait until some worker sends messages or dies (at most ``timeout`` s); return them in order."""
         ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=timeout)
-        out = []
+        out: list[WorkerMessage] = []
         for ref in ready:
             rank = self._pending.pop(ref)
             try:
                 messages = ray.get(ref)
             except RayActorError as exc:
                 messages = self._recover_staged(rank) + [self._death_message(rank, exc)]
-            out.extend((rank, m) for m in messages)
-            if not any(m[0] in ("done", ERROR) for m in messages):
+            out.extend(messages)
+            if not any(is_last(m) for m in messages):
                 self._pending[self._actors[rank].next_messages.remote()] = rank
         return out
 
@@ -138,16 +136,16 @@ class RayWorkerGroup:
                 continue
         return WorkerError(rank=rank, cause=f"while the group was starting, {self._death_cause(rank, exc)}")
 
-    def _death_message(self, rank: int, exc: BaseException) -> tuple:
-        return (ERROR, rank, self._death_cause(rank, exc), "", None)
+    def _death_message(self, rank: int, exc: BaseException) -> FailedMessage:
+        return FailedMessage(rank=rank, cause=self._death_cause(rank, exc))
 
     def _death_cause(self, rank: int, exc: BaseException) -> str:
         p = self._placements[rank] if rank < len(self._placements) else {}
         return death_cause(str(exc), p.get("pid"), p.get("node_ip"))
 
-    def flush(self, timeout: float) -> list[tuple[int, tuple]]:
+    def flush(self, timeout: float) -> list[WorkerMessage]:
         """After a failure: collect what the live workers still had queued, uploads included."""
-        out: list[tuple[int, tuple]] = []
+        out: list[WorkerMessage] = []
         refs = {a.flush.remote(timeout): rank for rank, a in enumerate(self._actors)}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout + 1.0)
         # Outstanding next_messages calls of ranks stuck in a collective never return: take
@@ -157,13 +155,13 @@ class RayWorkerGroup:
         for ref in ready:
             rank = refs.get(ref, self._pending.get(ref))
             try:
-                out.extend((rank, m) for m in ray.get(ref))
+                out.extend(ray.get(ref))
             except RayActorError as exc:
                 # A rank that died: the controller may pick its death as the root cause.
-                out.extend((rank, m) for m in self._recover_staged(rank) + [self._death_message(rank, exc)])
+                out.extend(self._recover_staged(rank) + [self._death_message(rank, exc)])
         return out
 
-    def _recover_staged(self, rank: int) -> list[tuple]:
+    def _recover_staged(self, rank: int) -> list[WorkerMessage]:
         """A dead rank's staged-but-not-uploaded checkpoints: uploaded from its node; their REPORT messages.
 
         Runs before the controller decides where the restart resumes, so no report that the dead
@@ -172,7 +170,7 @@ class RayWorkerGroup:
         commit (the loss is at most MAX_PENDING_UPLOADS_PER_WORKER + 1 reports, and stated).
         """
         p = self._placements[rank] if rank < len(self._placements) else {}
-        storage = getattr(self, "_storage", None)
+        storage = self._storage
         if storage is None or storage.is_local or not p.get("node_id"):
             return []  # local storage: report() wrote straight into storage, nothing was staged
         task = ray.remote(num_cpus=0, max_retries=0)(finish_staged_uploads).options(
@@ -188,7 +186,7 @@ class RayWorkerGroup:
             return []
         if messages:
             logger.warning("Rank %d died; its node finished the upload of its staged checkpoint(s) for step(s) %s.",
-                           rank, ", ".join(str(m[2]) for m in messages))
+                           rank, ", ".join(str(m.step) for m in messages))
         return messages
 
     def shutdown(self) -> None:

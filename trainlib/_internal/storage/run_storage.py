@@ -1,4 +1,4 @@
-"""Run storage on fsspec: the run folder, atomic checkpoint commits, the metrics log.
+"""Run storage on fsspec: the run folder, atomic checkpoint commits, the metrics log. Driver and workers.
 
 Used on the driver (commit, retention, run state) and in worker actors
 (checkpoint upload). Layout of one run::
@@ -24,7 +24,6 @@ import logging
 import os
 import posixpath
 import time
-import uuid
 from typing import Any
 
 import fsspec
@@ -38,7 +37,8 @@ from trainlib._internal.storage.commits import (
 from trainlib._internal.storage.checkpoint_files import checkpoint_files
 from trainlib._internal.storage.lease import LEASE_PREFIX
 from trainlib._internal.storage.run_record import RUN_STATE_FILE
-from trainlib._internal.util.filesystem import declares_shared, is_local_filesystem, resolve_filesystem
+from trainlib._internal.util.atomic import atomic_copy, atomic_write
+from trainlib._internal.util.filesystem import declares_shared, is_local_filesystem, resolve_filesystem, to_uri
 from trainlib._internal.util.retry import with_retries
 
 logger = logging.getLogger("trainlib")
@@ -77,7 +77,7 @@ class RunStorage:
 
     def uri(self, path: str | None = None) -> str:
         """The URL of ``path`` (default: the run folder), for people to read."""
-        return self.fs.unstrip_protocol(path or self.run_path) if not self.is_local else (path or self.run_path)
+        return to_uri(self.fs, path or self.run_path)
 
     def join(self, *parts: str) -> str:
         return posixpath.join(self.run_path, *parts)
@@ -91,17 +91,7 @@ class RunStorage:
         """Write a whole file so that readers see the old or the new content, never a part."""
         def write() -> None:
             if self.is_local:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-                try:
-                    with open(tmp, "wb") as f:
-                        f.write(data)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    os.replace(tmp, path)
-                except BaseException:
-                    _remove_quietly(tmp)  # a full disk must not also collect temp files
-                    raise
+                atomic_write(path, data)
             else:
                 self.fs.pipe_file(path, data)  # one PUT: atomic on object stores
 
@@ -124,16 +114,7 @@ class RunStorage:
     def _upload_file(self, local_file: str, dest: str) -> None:
         def copy() -> None:
             if self.is_local:
-                import shutil
-
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
-                try:
-                    shutil.copyfile(local_file, tmp)
-                    os.replace(tmp, dest)
-                except BaseException:
-                    _remove_quietly(tmp)
-                    raise
+                atomic_copy(local_file, dest)
             else:
                 self.fs.put_file(local_file, dest)
 
@@ -180,9 +161,6 @@ class RunStorage:
 
     def read_json(self, path: str) -> Any:
         return json.loads(with_retries(f"reading {self.uri(path)}", lambda: self.fs.cat_file(path)))
-
-    def read_run_state(self) -> dict[str, Any]:
-        return self.read_json(self.join(RUN_STATE_FILE))
 
     def list_checkpoint_dirs(self) -> list[str]:
         def ls() -> list[str]:
@@ -271,9 +249,3 @@ class RunStorage:
                     self.fs.rm(entry, recursive=True)
         with_retries(f"deleting {self.uri()}", rm)
 
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
