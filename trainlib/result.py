@@ -79,7 +79,6 @@ class Result:
         lease is stale) has ``error`` set, saying so: run it again to resume it.
         """
         from trainlib._internal.storage.lease import read_lease
-        from trainlib.errors import TrainlibError
 
         storage = RunStorage.open_existing(path, storage_filesystem, storage_options, caller="Result.from_path")
         record = RunRecord.load(storage)

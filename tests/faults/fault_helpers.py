@@ -28,8 +28,6 @@ class MotoS3:
 
     def __enter__(self) -> "MotoS3":
         self.server.start()
-        import s3fs
-
         self.fs().mkdir(self.bucket)
         return self
 

@@ -14,7 +14,8 @@ import pytest
 
 from fault_helpers import MotoS3
 from trainlib.errors import RunExistsError, RunInUseError
-from trainlib._internal.storage.lease import LeaseRecord, RunLease, lease_file_name, read_lease
+from trainlib._internal.storage.lease import RunLease, read_lease
+from trainlib._internal.storage.lease_record import LeaseRecord, lease_file_name
 from trainlib._internal.storage.run_storage import RunStorage
 
 pytestmark = pytest.mark.timeout(120)
