@@ -28,9 +28,18 @@ import cloudpickle
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.callback_runner import CallbackRunner
-from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
+from trainlib._internal.execution.messages import (
+    DoneMessage,
+    FailedMessage,
+    ReportMessage,
+    WorkerMessage,
+)
 from trainlib._internal.execution.spec import AttemptSpec
-from trainlib._internal.storage.commits import CommittedCheckpoint, checkpoint_dir_name, merge_manifests
+from trainlib._internal.storage.commits import (
+    CommittedCheckpoint,
+    checkpoint_dir_name,
+    merge_manifests,
+)
 from trainlib._internal.storage.retention import checkpoints_to_delete, warn_if_unscored
 from trainlib._internal.storage.run_record import RunStatus
 from trainlib._internal.storage.run_storage import RunStorage

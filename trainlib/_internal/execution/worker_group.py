@@ -14,11 +14,19 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.messages import FailedMessage, WorkerMessage, is_last
-from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
+from trainlib._internal.execution.placement import (
+    RankPlan,
+    check_resources,
+    format_resources,
+    plan_ranks,
+)
 from trainlib._internal.execution.spec import AttemptSpec, WorkerStart
 from trainlib._internal.execution.staging import finish_staged_uploads
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend

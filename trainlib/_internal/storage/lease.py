@@ -32,7 +32,12 @@ import uuid
 from typing import Any
 
 from trainlib._internal import tunables
-from trainlib._internal.storage.lease_record import LEASE_PREFIX, LeaseRecord, lease_file_name
+from trainlib._internal.storage.lease_record import (
+    LEASE_PREFIX,
+    LeaseRecord,
+    lease_file_name,
+)
+from trainlib._internal.util.atomic import atomic_write
 from trainlib.errors import RunInUseError
 
 logger = logging.getLogger("trainlib")
@@ -195,10 +200,7 @@ class RunLease:
 
     def _write_own(self, path: str, data: bytes) -> None:
         if self.storage.is_local:
-            tmp = f"{path}.{uuid.uuid4().hex[:8]}.new"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            atomic_write(path, data)
         elif self._etag:
             try:  # only if it is still the object this driver wrote
                 out = self.fs.pipe_file(path, data, IfMatch=self._etag)

@@ -28,17 +28,22 @@ from typing import Any
 
 import fsspec
 
+from trainlib._internal.storage.checkpoint_files import checkpoint_files
 from trainlib._internal.storage.commits import (
     CHECKPOINT_PREFIX,
     COMMIT_MARKER,
     CommittedCheckpoint,
     checkpoint_dir_name,
 )
-from trainlib._internal.storage.checkpoint_files import checkpoint_files
 from trainlib._internal.storage.lease_record import LEASE_PREFIX
 from trainlib._internal.storage.run_record import RUN_STATE_FILE
 from trainlib._internal.util.atomic import atomic_copy, atomic_write
-from trainlib._internal.util.filesystem import declares_shared, is_local_filesystem, resolve_filesystem, to_uri
+from trainlib._internal.util.filesystem import (
+    declares_shared,
+    is_local_filesystem,
+    resolve_filesystem,
+    to_uri,
+)
 from trainlib._internal.util.retry import with_retries
 
 logger = logging.getLogger("trainlib")
