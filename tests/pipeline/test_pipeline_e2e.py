@@ -261,7 +261,7 @@ def test_main_command_and_scheduled_deployment_share_one_registry(deployed):
     assert artifacts[f"training-progress-{model_name}"]["data"] == pytest.approx(100.0)
     link = artifacts["mlflow-run-fashion-mnist"]["data"]
     assert f"/runs/{challenger.run_id}" in link
-    services["results"].update(main_run=first_run_id, deployment_run=flow_run_id, steps_run=steps["id"])
+    services["results"]["ui_run"] = (steps["id"], model_name, "fashion-mnist")
 
 
 def test_bad_deployment_parameters_are_refused_by_the_server(deployed):
@@ -280,7 +280,11 @@ def _metrics_epochs(run_folder) -> list[int]:
     path = run_folder / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line)["epoch"] for line in path.read_text().splitlines() if line.strip()]
+    epochs = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):  # a line being appended right now
+            epochs.append(json.loads(line)["metrics"]["epoch"])
+    return epochs
 
 
 def _flow_run_process(worker_pid: int, flow_run_id: str):
@@ -349,6 +353,7 @@ def test_killed_deployment_run_resumes_from_its_checkpoint_when_retried(deployed
     runs = client.search_runs([client.get_experiment_by_name("fmnist-resume").experiment_id])
     assert len(runs) == 1 and runs[0].data.tags["trainlib.resumed"] == "1"
     assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "val_accuracy")) == [1, 2, 3]
+    services["results"]["ui_run"] = (steps["id"], model_name, "fmnist-resume")
 
 
 # -- alerts ----------------------------------------------------------------------------------------------
@@ -414,9 +419,9 @@ def test_failed_run_notifies_the_webhook_and_emits_training_failed(services, ray
 def test_flow_run_page_shows_task_runs_and_artifacts(services):
     from playwright.sync_api import sync_playwright
 
-    steps_id = services["results"].get("steps_run")
-    if steps_id is None:
-        pytest.skip("needs the pipeline run of test_main_command_and_scheduled_deployment_share_one_registry")
+    if "ui_run" not in services["results"]:
+        pytest.skip("needs a pipeline run of an earlier test in this module")
+    steps_id, model_name, experiment = services["results"]["ui_run"]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=_chromium(), headless=True,
                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
@@ -424,14 +429,15 @@ def test_flow_run_page_shows_task_runs_and_artifacts(services):
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
             page.goto(f"{services['ui_url']}/runs/flow-run/{steps_id}")
             page.get_by_text("Completed").first.wait_for(timeout=UI_TIMEOUT_MS)
-            page.get_by_role("tab", name="Task Runs").click()
-            for name in ("download-dataset", "train-", "evaluate", "register"):
-                page.get_by_text(re.compile(f"^{name}")).first.wait_for(timeout=UI_TIMEOUT_MS)
-            page.get_by_role("tab", name="Artifacts").click()
-            for key in ("evaluation-fashion-mnist-resnet18", "model-registry-fashion-mnist-resnet18",
-                        "mlflow-run-fashion-mnist"):
-                page.get_by_text(key).first.wait_for(timeout=UI_TIMEOUT_MS)
+            page.get_by_text("4 Task runs").first.wait_for(timeout=UI_TIMEOUT_MS)
+            page.get_by_text("Task Runs", exact=True).first.click()  # the tabs under the run's graph
+            for name in ("download-dataset-", "train-", "evaluate-", "register-"):
+                page.get_by_text(re.compile(f"^{name}[0-9a-f]+$")).first.wait_for(timeout=UI_TIMEOUT_MS)
             page.screenshot(path=os.path.join(REPO_ROOT, "docs", "prefect_flow_run.png"), full_page=True)
+            page.get_by_text("Artifacts", exact=True).first.click()
+            for key in (f"evaluation-{model_name}", f"model-registry-{model_name}", f"training-progress-{model_name}",
+                        f"mlflow-run-{experiment}"):
+                page.get_by_text(key, exact=True).first.wait_for(timeout=UI_TIMEOUT_MS)
         finally:
             browser.close()
 
