@@ -110,6 +110,9 @@ def test_dead_drivers_run_is_taken_over_and_resumed(ray_session, where):
     run = fs._strip_protocol(f"{storage_path}/shared")
     fs.invalidate_cache()
     assert json.loads(fs.cat_file(f"{run}/trainlib_run.json"))["status"] == "RUNNING"
+    # Recognisably stale: readers are told that the driver is gone and how to resume.
+    stale = trainlib.Result.from_path(f"{storage_path}/shared", storage_options=options)
+    assert stale.error is not None and "is gone" in str(stale.error) and f"pid {a.pid}" in str(stale.error)
     kept = {p: fs.cat_file(f"{p}/.trainlib_commit.json") for p in fs.glob(f"{run}/checkpoint_*")
             if fs.exists(f"{p}/.trainlib_commit.json")}
     assert len(kept) >= 3
