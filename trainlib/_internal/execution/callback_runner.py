@@ -1,10 +1,11 @@
-"""Runs the driver-side callbacks off the commit path: one background thread per callback. Driver only.
+"""Runs the driver-side callbacks off the commit path, on one background thread, in order. Driver only.
 
-A tracking or orchestration call (MLflow, a Prefect artifact) can hang for as long as its
-server accepts and does not answer. The controller commits a checkpoint as soon as every rank
-reported it; the callbacks' hooks are queued here and run in order, each callback on its own
-thread, so a stuck one delays neither the commits nor the other callbacks. At the end of the
-run :meth:`CallbackRunner.drain` waits a bounded time and names what was not delivered.
+A tracking or orchestration call (MLflow, a Prefect log or artifact) can hang for as long as
+its server accepts and does not answer. The controller commits a checkpoint as soon as every
+rank reported it and queues the hooks here; one thread calls them in the order they were
+queued, each event's callbacks in ``RunConfig.callbacks`` order, as Ray Train does. So the
+callbacks see what they always saw, only later, and a slow one delays no commit. At the end
+of the run :meth:`CallbackRunner.drain` waits a bounded time and names what was not delivered.
 """
 
 from __future__ import annotations
@@ -20,57 +21,50 @@ from trainlib.callbacks import Callback
 logger = logging.getLogger("trainlib")
 
 
-class _Lane:
-    """One callback's queue and thread."""
-
-    def __init__(self, callback: Callback):
-        self.callback = callback
-        self.queue: queue.Queue = queue.Queue()
-        self.current: tuple[str, float] | None = None  # the hook running now, since when
-        self.thread = threading.Thread(target=self._loop, name=f"trainlib-callback-{type(callback).__name__}",
-                                       daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            hook, args = self.queue.get()
-            self.current = (hook, time.monotonic())
-            try:
-                getattr(self.callback, hook)(*args)
-            except Exception as exc:  # noqa: BLE001 - a callback never fails training
-                logger.warning("Callback %s.%s failed: %s: %s", type(self.callback).__name__, hook,
-                               type(exc).__name__, exc)
-            finally:
-                self.current = None
-                self.queue.task_done()
-
-
 class CallbackRunner:
-    """The hooks of ``callbacks``, called in order per callback, in the background."""
+    """The hooks of ``callbacks``, called in order in the background."""
 
     def __init__(self, callbacks: list[Callback]):
-        self._lanes = [_Lane(c) for c in callbacks]
+        self.callbacks = list(callbacks)
+        self._queue: queue.Queue = queue.Queue()
+        self._current: tuple[Callback, str, float] | None = None  # the hook running now, since when
+        self._thread: threading.Thread | None = None
 
     def notify(self, hook: str, *args: Any) -> None:
         """Queue ``hook(*args)`` for every callback; returns at once."""
-        for lane in self._lanes:
-            lane.queue.put((hook, args))
+        if not self.callbacks:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="trainlib-callbacks", daemon=True)
+            self._thread.start()
+        self._queue.put((hook, args))
 
-    def drain(self, timeout: float) -> list[Callback]:
-        """Wait up to ``timeout`` s for every queued hook; return the callbacks that are done (the others are named)."""
+    def _loop(self) -> None:
+        while True:
+            hook, args = self._queue.get()
+            try:
+                for callback in self.callbacks:
+                    self._current = (callback, hook, time.monotonic())
+                    try:
+                        getattr(callback, hook)(*args)
+                    except Exception as exc:  # noqa: BLE001 - a callback never fails training
+                        logger.warning("Callback %s.%s failed: %s: %s", type(callback).__name__, hook,
+                                       type(exc).__name__, exc)
+            finally:
+                self._current = None
+                self._queue.task_done()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for every queued hook; False (with a warning naming the stuck one) if not."""
         deadline = time.monotonic() + timeout
-        for lane in self._lanes:
-            while lane.queue.unfinished_tasks and time.monotonic() < deadline:
-                time.sleep(0.05)
-        done = []
-        for lane in self._lanes:
-            if not lane.queue.unfinished_tasks:
-                done.append(lane.callback)
-                continue
-            hook, since = lane.current or ("?", time.monotonic())
-            logger.warning(
-                "Callback %s has not finished: %s has been running for %.0f s (is its server reachable?) and %d "
-                "hook call(s) are not delivered. Training and its checkpoints are complete; the run ends "
-                "without waiting for it.", type(lane.callback).__name__, hook, time.monotonic() - since,
-                lane.queue.unfinished_tasks)
-        return done
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not self._queue.unfinished_tasks:
+            return True
+        callback, hook, since = self._current or (None, "?", time.monotonic())
+        logger.warning(
+            "Callback %s.%s has not finished after %.0f s (is its server reachable?); %d event(s) are not delivered "
+            "to the callbacks, and after_run is not called. Training and its checkpoints are complete; the run "
+            "ends without waiting for them.", type(callback).__name__, hook, time.monotonic() - since,
+            self._queue.unfinished_tasks)
+        return False

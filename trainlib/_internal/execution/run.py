@@ -129,8 +129,9 @@ def close_run(run: OpenedRun, run_config: RunConfig, run_info: RunInfo, controll
         logger.warning("Could not read the failed run back from storage: %s", exc)
         result = Result(metrics=None, checkpoint=None, path=storage.uri(), error=error)
     # The hooks queued during the run first, bounded: a tracking server that hangs does not hold
-    # the run; then after_run of every callback that is not stuck.
-    for callback in controller.callback_runner.drain(tunables.CALLBACK_DRAIN_TIMEOUT_S):
+    # the run; then after_run, unless a callback is stuck.
+    delivered = controller.callback_runner.drain(tunables.CALLBACK_DRAIN_TIMEOUT_S)
+    for callback in run_config.callbacks if delivered else []:
         try:
             callback.after_run(run_info, result)
         except Exception as exc:  # noqa: BLE001 - training is over; report and go on
