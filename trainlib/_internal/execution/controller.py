@@ -28,18 +28,9 @@ import cloudpickle
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.callback_runner import CallbackRunner
-from trainlib._internal.execution.messages import (
-    DoneMessage,
-    FailedMessage,
-    ReportMessage,
-    WorkerMessage,
-)
-from trainlib._internal.execution.spec import AttemptSpec
-from trainlib._internal.storage.commits import (
-    CommittedCheckpoint,
-    checkpoint_dir_name,
-    merge_manifests,
-)
+from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
+from trainlib._internal.execution.spec import AttemptSpec, Placement
+from trainlib._internal.storage.commits import CommittedCheckpoint, checkpoint_dir_name, merge_manifests
 from trainlib._internal.storage.retention import checkpoints_to_delete, warn_if_unscored
 from trainlib._internal.storage.run_record import RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
@@ -57,7 +48,7 @@ class WorkerGroup(Protocol):
     plan: Any
 
     def start_actors(self) -> None: ...
-    def placements(self) -> list[dict[str, Any]]: ...
+    def placements(self) -> list[Placement]: ...
     def start(self, attempt: AttemptSpec) -> Any: ...
     def wait(self, timeout: float | None = None) -> list[WorkerMessage]: ...
     def flush(self, timeout: float) -> list[WorkerMessage]: ...
@@ -140,7 +131,7 @@ class Controller:
     def _run_attempt(self, group: WorkerGroup) -> WorkerError | None:
         group.start_actors()
         placements = group.placements()
-        self.num_nodes = len({p["node_id"] for p in placements})
+        self.num_nodes = len({p.node_id for p in placements})
         if self.num_nodes > 1 and not self.storage.shared:
             raise StorageError(
                 f"The workers run on {self.num_nodes} nodes but RunConfig.storage_path "

@@ -21,13 +21,8 @@ from ray.util.scheduling_strategies import (
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.messages import FailedMessage, WorkerMessage, is_last
-from trainlib._internal.execution.placement import (
-    RankPlan,
-    check_resources,
-    format_resources,
-    plan_ranks,
-)
-from trainlib._internal.execution.spec import AttemptSpec, WorkerStart
+from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
+from trainlib._internal.execution.spec import AttemptSpec, Placement, WorkerStart
 from trainlib._internal.execution.staging import finish_staged_uploads
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
 from trainlib._internal.storage.run_storage import RunStorage
@@ -47,7 +42,7 @@ class RayWorkerGroup:
         self._pg = None
         self._actors: list[Any] = []  # by rank once started
         self._pending: dict[Any, int] = {}  # outstanding next_messages ref -> rank
-        self._placements: list[dict[str, Any]] = []
+        self._placements: list[Placement] = []
         self.plan: RankPlan | None = None
         self._storage: RunStorage | None = None  # of the started attempt, for recovering a dead rank's uploads
 
@@ -80,7 +75,7 @@ class RayWorkerGroup:
             for i in range(self.scaling.num_workers)
         ]
 
-    def placements(self) -> list[dict[str, Any]]:
+    def placements(self) -> list[Placement]:
         """Where each actor landed (waits for the actors to finish starting)."""
         refs = [a.describe.remote() for a in self._actors]
         try:
@@ -148,8 +143,8 @@ class RayWorkerGroup:
         return FailedMessage(rank=rank, cause=self._death_cause(rank, exc))
 
     def _death_cause(self, rank: int, exc: BaseException) -> str:
-        p = self._placements[rank] if rank < len(self._placements) else {}
-        return death_cause(str(exc), p.get("pid"), p.get("node_ip"))
+        p = self._placements[rank] if rank < len(self._placements) else None
+        return death_cause(str(exc), p.pid if p else None, p.node_ip if p else None)
 
     def flush(self, timeout: float) -> list[WorkerMessage]:
         """After a failure: collect what the live workers still had queued, uploads included."""
@@ -177,19 +172,19 @@ class RayWorkerGroup:
         the node itself is gone, its staged files are lost and the restart resumes from the latest
         commit (the loss is at most MAX_PENDING_UPLOADS_PER_WORKER + 1 reports, and stated).
         """
-        p = self._placements[rank] if rank < len(self._placements) else {}
+        p = self._placements[rank] if rank < len(self._placements) else None
         storage = self._storage
-        if storage is None or storage.is_local or not p.get("node_id"):
+        if storage is None or storage.is_local or p is None:
             return []  # local storage: report() wrote straight into storage, nothing was staged
         task = ray.remote(num_cpus=0, max_retries=0)(finish_staged_uploads).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(p["node_id"], soft=False))
-        ref = task.remote(storage, rank, p["pid"])
+            scheduling_strategy=NodeAffinitySchedulingStrategy(p.node_id, soft=False))
+        ref = task.remote(storage, rank, p.pid)
         try:
             messages = ray.get(ref, timeout=tunables.FLUSH_AFTER_FAILURE_S)
         except Exception as exc:  # noqa: BLE001 - node lost, or the uploads failed: the loss is stated
             ray.cancel(ref, force=True)
             logger.warning("Rank %d died with checkpoints staged on node %s that could not be uploaded (%s: %s); "
-                           "the restart resumes from the latest committed checkpoint.", rank, p.get("node_ip"),
+                           "the restart resumes from the latest committed checkpoint.", rank, p.node_ip,
                            type(exc).__name__, str(exc)[:300])
             return []
         if messages:
