@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "false")
     print(f"Prefect server: {server.api_url} ({server.how})", flush=True)
 
-    from flows.pipeline import resolve_run, training_pipeline
+    from flows.pipeline import PipelineSummary, resolve_run, training_pipeline
 
     with Lifeline(server.api_url):  # prompt stop on Ctrl-C / SIGTERM, or when the Prefect API is gone
         state = training_pipeline(params, return_state=True)
@@ -148,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     if not state.is_completed():
         print(f"\nThe pipeline ended {state.name}: {state.message}", file=sys.stderr)
         return 1
-    summary: dict[str, Any] = state.result()
-    print(f"\nTest accuracy {summary['test_accuracy']:.2%}; {summary['model_name']} version {summary['model_version']}: "
-          f"{summary['decision']}")
-    print("Seconds per stage: " + json.dumps({k: round(v, 1) for k, v in summary["stage_seconds"].items()}))
+    summary: PipelineSummary = state.result()
+    print(f"\nTest accuracy {summary.test_accuracy:.2%}; {summary.model_name} version {summary.model_version}: "
+          f"{summary.decision}")
+    print("Seconds per stage: " + json.dumps({k: round(v, 1) for k, v in summary.stage_seconds.items()}))
     return 0
 
 

@@ -34,17 +34,16 @@ def train_model(dataset: StagedDataset, settings: TrainingSettings, tracking_uri
     mlflow_logger = MLflowLogger(tracking_uri=tracking_uri, experiment_name=experiment_name,
                                  run_name=settings.run_name, tags=dict(tags or {}))
     try:
-        result, seconds, reused = run_training(settings, dataset, [mlflow_logger, PrefectLogCallback(logger)],
-                                               progress)
+        fit = run_training(settings, dataset, [mlflow_logger, PrefectLogCallback(logger)], progress)
     except Exception as exc:
         emit_training_failed(settings.run_name, exc)
         raise
-    run_id = mlflow_logger.run_id if not reused else find_run_id(tracking_uri, experiment_name, settings.run_name)
-    outcome = training_outcome(result, seconds, run_id)
+    run_id = find_run_id(tracking_uri, experiment_name, settings.run_name) if fit.reused else mlflow_logger.run_id
+    outcome = training_outcome(fit, run_id)
     if run_id:
         create_link_artifact(run_page_url(tracking_uri, run_id), link_text=f"MLflow run {settings.run_name}",
                              key=artifact_key("mlflow-run", experiment_name),
                              description="The training's MLflow run: metrics, checkpoints, evaluation, model")
-    logger.info("fit() took %.1f s%s; evaluating checkpoint %s (MLflow run %s)", seconds,
-                " (finished earlier, not trained again)" if reused else "", outcome.checkpoint_uri, run_id)
+    logger.info("fit() took %.1f s%s; evaluating checkpoint %s (MLflow run %s)", fit.seconds,
+                " (finished earlier, not trained again)" if fit.reused else "", outcome.checkpoint_uri, run_id)
     return outcome
