@@ -24,11 +24,14 @@ import sys
 import typing
 from typing import Any
 
+from flows.lifeline import Lifeline
 from flows.params import PipelineParams, PipelineParamsError, option_name
+from flows.preflight import check_services
 from flows.prefect_server import DEFAULT_PREFECT_PORT, ensure_prefect
 from tasks.domain.dataset_fetch import MIRRORS_ENV_VAR
 from tasks.domain.home import DEFAULT_HOME, HOME_ENV_VAR, PipelineHome
 from tasks.domain.urls import expand_path, mask_url
+from trainlib.errors import TrainlibError
 
 PROG = "trainlib-pipeline"
 NULL_WORDS = ("none", "null")
@@ -117,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
                                               f"the official internet mirrors (offline? pass --mirrors FOLDER or "
                                               f"set {MIRRORS_ENV_VAR})"), flush=True)
 
+    # Unreachable services fail here, in seconds, before a server starts or data is fetched.
+    try:
+        check_services(params.ray_address, params.mlflow_tracking_uri or home.mlflow_tracking_uri)
+    except TrainlibError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     server = ensure_prefect(home, args.prefect_port)
     # Set before Prefect is imported, so this process and the Ray workers use this server.
     os.environ["PREFECT_API_URL"] = server.api_url
@@ -125,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from flows.pipeline import PipelineSummary, resolve_run, training_pipeline
 
-    state = training_pipeline(params, return_state=True)
+    with Lifeline(server.api_url):  # prompt stop on Ctrl-C / SIGTERM, or when the Prefect API is gone
+        state = training_pipeline(params, return_state=True)
     flow_run_id = str(state.state_details.flow_run_id)
     run = resolve_run(params, flow_run_id, home)
     print("\nWhere to look:")

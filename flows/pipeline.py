@@ -20,6 +20,7 @@ from prefect.context import get_run_context
 from prefect_ray.context import remote_options
 
 from flows.params import PipelineParams
+from flows.preflight import check_services
 from flows.progress_display import ProgressDisplay
 from flows.task_runner import current_api_url, make_task_runner, ray_worker_env
 from tasks.artifacts import artifact_key
@@ -181,6 +182,7 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSumm
     logger.info("Run %s: %s on %s, %d worker(s), %d epoch(s); Ray %s; MLflow %s; storage %s", run.training.run_name,
                 params.dataset, "GPUs" if params.use_gpu else "CPUs", params.num_workers, params.epochs,
                 params.ray_address or "local", mask_url(run.mlflow_tracking_uri), mask_url(run.training.storage_path))
+    check_services(params.ray_address, run.mlflow_tracking_uri)  # seconds, before any step starts
     steps = pipeline_steps.with_options(
         task_runner=make_task_runner(params.ray_address, api_url), flow_run_name=f"{get_run_context().flow_run.name}-steps",
         timeout_seconds=params.train_timeout_s + OTHER_STEPS_TIMEOUT_S)

@@ -12,6 +12,9 @@ import os
 import re
 from typing import Any, Literal
 
+from trainlib._internal import tunables
+
+MAX_RUN_NAME_LENGTH = 200
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
@@ -141,18 +144,23 @@ class CheckpointConfig:
 
 @dataclasses.dataclass
 class FailureConfig:
-    """How many times a failed worker group is restarted.
+    """How many times a failed worker group is restarted, and how long a straggling rank is waited for.
 
     Args:
         max_failures: restarts allowed from the latest committed checkpoint
             after a worker raises or dies; 0 fails at the first failure, -1
             restarts without limit.
+        straggler_timeout_s: once a rank's training function returned, how long
+            the other ranks may still run: a warning names them at half of it,
+            then the attempt fails (a failure like any other). ``None`` waits
+            without a bound. Default 1800 s.
 
     Example:
-        >>> FailureConfig(max_failures=2)
+        >>> FailureConfig(max_failures=2, straggler_timeout_s=600)
     """
 
     max_failures: int = 0
+    straggler_timeout_s: float | None = tunables.DEFAULT_STRAGGLER_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if isinstance(self.max_failures, bool) or not isinstance(self.max_failures, int) or self.max_failures < -1:
@@ -160,6 +168,9 @@ class FailureConfig:
                 f"FailureConfig.max_failures={self.max_failures!r} is invalid: use 0 (no restarts), "
                 "a positive int, or -1 for unlimited restarts."
             )
+        if self.straggler_timeout_s is not None:
+            _require_number("FailureConfig", "straggler_timeout_s", self.straggler_timeout_s, minimum=0.1,
+                            fix="use a positive number of seconds (e.g. 600), or None to wait without a bound.")
 
 
 IF_EXISTS_CHOICES = ("resume", "overwrite", "error")
@@ -207,6 +218,12 @@ class RunConfig:
             raise ValueError(
                 f"RunConfig.name={self.name!r} is invalid: use letters, digits, '.', '_' or '-' "
                 "(it becomes a folder name), e.g. RunConfig(name='fashion-mnist')."
+            )
+        if self.name is not None and len(self.name) > MAX_RUN_NAME_LENGTH:
+            raise ValueError(
+                f"RunConfig.name is {len(self.name)} characters long ({self.name[:40]}...); at most "
+                f"{MAX_RUN_NAME_LENGTH} are allowed (it becomes a folder name, and filesystems allow 255 bytes "
+                "with the files' suffixes): use a shorter name."
             )
         if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):
             raise TypeError(

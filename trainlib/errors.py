@@ -23,6 +23,10 @@ class RunExistsError(TrainlibError):
     """A run with the same name already exists in the storage path."""
 
 
+class RunInUseError(RunExistsError):
+    """Another driver owns the run (holds its lease): two drivers must never train into one run."""
+
+
 class WorkerError(TrainlibError):
     """One worker's failure: which rank, on which node, and its original traceback."""
 

@@ -51,7 +51,8 @@ class Result:
                      error: BaseException | None = None) -> "Result":
         import pandas as pd
 
-        rows = storage.read_metrics_log()
+        # Commit order can differ from step order when a dead rank's reports are recovered late.
+        rows = sorted(storage.read_metrics_log(), key=lambda r: (int(r.get("attempt", 0)), int(r["step"])))
         committed = storage.committed_checkpoints()
         latest = committed[-1] if committed else None
         best = rank_checkpoints(committed, checkpoint_config)
@@ -74,11 +75,22 @@ class Result:
         """Read a finished, failed or still running run back from its folder.
 
         Only committed checkpoints are listed; a folder left half-written by a
-        crash is ignored.
+        crash is ignored. A run recorded as running whose driver is gone (its
+        lease is stale) has ``error`` set, saying so: run it again to resume it.
         """
+        from trainlib._internal.storage.lease import read_lease
+
         storage = RunStorage.open_existing(path, storage_filesystem, storage_options, caller="Result.from_path")
         record = RunRecord.load(storage)
         error = None
         if record.status is RunStatus.FAILED:
             error = TrainlibError(record.error or "the run failed")
+        elif record.status in (RunStatus.PENDING, RunStatus.RUNNING):
+            lease = read_lease(storage)
+            gone = lease.stale_reason() if lease is not None else None
+            if gone:
+                error = TrainlibError(
+                    f"The run is recorded {record.status.value} but its driver ({lease.describe()}) is gone: {gone}. "
+                    "It ended without recording how (killed, or its storage failed). Its committed checkpoints are "
+                    "intact: run fit() again with the same RunConfig(name, storage_path) to resume it.")
         return cls.from_storage(storage, CheckpointConfig(**record.checkpoint_config), error)

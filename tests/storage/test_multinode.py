@@ -35,7 +35,7 @@ def cluster():
     ray.shutdown()
     c.shutdown()
     if was_running:  # as the session fixture left it, for the modules after this one
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
 
 
 def read_ranks(out_dir, world_size):

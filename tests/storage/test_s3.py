@@ -73,7 +73,7 @@ def s3(tmp_path_factory):
     was_running = ray.is_initialized()
     if was_running:
         ray.shutdown()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
     logs_dir = ray._private.worker._global_node.get_logs_dir_path()
     yield server, logs_dir
     ray.shutdown()
@@ -86,7 +86,7 @@ def s3(tmp_path_factory):
     if server.server is not None:
         server.stop()
     if was_running:  # leave Ray as the session fixture had it, for the modules after this one
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
 
 
 @pytest.fixture(autouse=True)

@@ -61,7 +61,7 @@ class FakeGroup:
                              "attempt": attempt.attempt}
         return None
 
-    def wait(self):
+    def wait(self, timeout=None):
         if not self.script:
             raise AssertionError("the controller waited for more messages than the script holds")
         batch = self.script.pop(0)
@@ -162,6 +162,7 @@ def test_reports_from_all_ranks_commit_one_checkpoint(storage):
     assert marker["files"] == {"model.pt": 12, "rank1/shard.pt": 7}
     rows = storage.read_metrics_log()
     assert [(r["step"], r["checkpoint"]) for r in rows] == [(1, "checkpoint_000001"), (2, "checkpoint_000002")]
+    controller.callback_runner.drain(10)  # hooks run in the background
     assert recorder.events == [("report", 1, True, 0), ("report", 2, True, 0)]
 
 
@@ -178,6 +179,7 @@ def test_report_missing_from_one_rank_is_not_committed(storage):
     assert controller.state is RunStatus.FAILED
     assert [c.step for c in storage.committed_checkpoints()] == [1]
     assert [r["step"] for r in storage.read_metrics_log()] == [1]
+    controller.callback_runner.drain(10)  # hooks run in the background
     assert ("report", 2, True, 0) not in recorder.events
     # The half-reported folder exists on disk but is not a checkpoint; the next attempt clears it.
     assert os.path.isdir(storage.checkpoint_path(2))
@@ -209,6 +211,7 @@ def test_max_failures_zero_fails_with_rank_cause_and_traceback(storage):
     assert [f.rank for f in err.failures] == [1]
     text = str(err)
     assert "worker rank 1" in text and "RuntimeError: data loader broke" in text and "Traceback ..." in text
+    controller.callback_runner.drain(10)  # hooks run in the background
     assert recorder.events[-1] == ("failure", 1, False)
 
 
@@ -224,6 +227,7 @@ def test_restart_resumes_from_latest_checkpoint_up_to_max_failures(storage):
     assert first.started_with == {"checkpoint": None, "first_step": 1, "attempt": 0}
     assert second.started_with["first_step"] == 3 and second.started_with["attempt"] == 1
     assert second.started_with["checkpoint"].path == storage.checkpoint_path(2)
+    controller.callback_runner.drain(10)  # hooks run in the background
     assert ("failure", 0, True) in recorder.events
     rows = storage.read_metrics_log()
     assert [(r["step"], r["attempt"]) for r in rows] == [(1, 0), (2, 0), (3, 1)]
@@ -268,6 +272,7 @@ def test_retention_runs_on_commit_and_notifies(storage):
     controller.run()
     assert [c.step for c in storage.committed_checkpoints()] == [3]
     assert not os.path.exists(storage.checkpoint_path(1))
+    controller.callback_runner.drain(10)  # hooks run in the background
     assert ("deleted", "checkpoint_000001") in recorder.events
     assert ("deleted", "checkpoint_000002") in recorder.events
 

@@ -30,3 +30,28 @@ MLFLOW_HTTP_BACKOFF_FACTOR = 1
 MLFLOW_HTTP_TIMEOUT_S = 10
 # While the server is unreachable, try it again at most this often (one bounded probe).
 MLFLOW_RECONNECT_INTERVAL_S = 5.0
+
+# The run lease (one driver per run): the owner rewrites its lease this often; a lease whose
+# heartbeat is older than its TTL is stale and the next driver takes the run over. Clocks of
+# the drivers' hosts must agree to well within the TTL.
+LEASE_HEARTBEAT_S = 10.0
+LEASE_TTL_S = 60.0
+
+# Connecting to a Ray cluster by address: a TCP probe first, so an address where nothing
+# listens fails in seconds rather than after minutes of GCS retries.
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+# After a rank's training function finished, how long the others may still run before the
+# driver warns (half of it) and fails the attempt naming them. FailureConfig.straggler_timeout_s
+# overrides it per run.
+DEFAULT_STRAGGLER_TIMEOUT_S = 1800.0
+
+# Driver-side callbacks (MLflow, Prefect progress) run on a background thread, off the commit
+# path; at the end of a run the driver waits this long for the queued calls, then goes on.
+CALLBACK_DRAIN_TIMEOUT_S = 120.0
+
+# MLflow start-up probe: one request, answered within this time, before Ray starts.
+MLFLOW_PROBE_TIMEOUT_S = 3.0
+
+# The longest metric name report() accepts (MLflow's limit for metric keys).
+MAX_METRIC_NAME_LENGTH = 250

@@ -38,7 +38,7 @@ from trainlib.mlflow.records import (
 from trainlib.mlflow.run import experiment_id, open_run
 from trainlib.mlflow.sender import RecordSender
 from trainlib.mlflow.spool import SpoolReplay, replay_spool
-from trainlib.mlflow.store import STATE_KEY, bounded_http, default_tracking_uri
+from trainlib.mlflow.store import STATE_KEY, bounded_http, default_tracking_uri, probe_tracking_server
 
 if TYPE_CHECKING:
     from trainlib.errors import WorkerError
@@ -165,6 +165,7 @@ class MLflowLogger(Callback):
 
     def before_run(self, run: RunInfo) -> None:
         self._uri = self.tracking_uri or default_tracking_uri()
+        probe_tracking_server(self._uri)  # seconds, not MLflow's minutes of retries; before Ray starts
         self._client = MlflowClient(tracking_uri=self._uri)
         self._failures = 0
         saved, self._saved = self._saved, {}

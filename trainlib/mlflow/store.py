@@ -1,4 +1,4 @@
-"""The MLflow store: the default tracking URI (library and pipeline alike), bounded HTTP. Driver only."""
+"""The MLflow store: the default tracking URI (library and pipeline alike), bounded HTTP, a quick probe. Driver only."""
 
 from __future__ import annotations
 
@@ -49,6 +49,40 @@ def bounded_http() -> Iterator[None]:
     finally:
         for name in added:
             os.environ.pop(name, None)
+
+
+def probe_tracking_server(tracking_uri: str, timeout_s: float | None = None) -> None:
+    """Fail in seconds when an ``http(s)://`` tracking server does not answer (stores of other kinds: no-op).
+
+    One ``GET /health`` bounded by ``MLFLOW_PROBE_TIMEOUT_S``: a server that is down, or that
+    accepts connections and never answers, costs seconds here instead of MLflow's retries.
+    Any HTTP answer (even 401 or 404 from a proxy) counts as reachable.
+
+    Raises:
+        TrackingError: no answer in time.
+    """
+    import urllib.error
+    import urllib.request
+
+    from trainlib._internal.util.masking import redact_url
+    from trainlib.mlflow.errors import TrackingError
+
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    timeout_s = tunables.MLFLOW_PROBE_TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        with urllib.request.urlopen(tracking_uri.rstrip("/") + "/health", timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise TrackingError(
+            f"The MLflow tracking server at {redact_url(tracking_uri)} did not answer within {timeout_s:.0f} s "
+            f"({type(reason).__name__}: {reason}). Nothing was started. Start the server (e.g. `mlflow server "
+            "--host 127.0.0.1 --port 5000`), point MLflowLogger(tracking_uri=...) / MLFLOW_TRACKING_URI at a "
+            "reachable one, or remove MLflowLogger from RunConfig.callbacks to train without tracking."
+        ) from None
 
 
 # Where MLflowLogger keeps its state in the run record's callback state.

@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import posixpath
+import time
 from typing import Any, Callable, Protocol
 
 import cloudpickle
 
 from trainlib._internal import tunables
+from trainlib._internal.execution.callback_runner import CallbackRunner
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
 from trainlib._internal.execution.spec import AttemptSpec, Placement
-from trainlib._internal.storage.commits import CommittedCheckpoint, checkpoint_dir_name
+from trainlib._internal.storage.commits import CommittedCheckpoint, checkpoint_dir_name, merge_manifests
 from trainlib._internal.storage.retention import checkpoints_to_delete, warn_if_unscored
 from trainlib._internal.storage.run_record import RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
@@ -47,7 +50,7 @@ class WorkerGroup(Protocol):
     def start_actors(self) -> None: ...
     def placements(self) -> list[Placement]: ...
     def start(self, attempt: AttemptSpec) -> Any: ...
-    def wait(self) -> list[WorkerMessage]: ...
+    def wait(self, timeout: float | None = None) -> list[WorkerMessage]: ...
     def flush(self, timeout: float) -> list[WorkerMessage]: ...
     def shutdown(self) -> None: ...
 
@@ -68,12 +71,16 @@ class Controller:
     def __init__(self, *, storage: RunStorage, make_worker_group: Callable[[], WorkerGroup], checkpoint_config: CheckpointConfig,
                  failure_config: FailureConfig, callbacks: list[Callback], run_info: RunInfo,
                  start_checkpoint: Checkpoint | None = None, metrics_rows: list[dict[str, Any]] | None = None,
-                 committed: list[CommittedCheckpoint] | None = None, verbose: bool = True):
+                 committed: list[CommittedCheckpoint] | None = None, verbose: bool = True, lease: Any = None):
         self.storage = storage
         self.make_worker_group = make_worker_group
         self.checkpoint_config = checkpoint_config
         self.policy = FailurePolicy(failure_config.max_failures)
+        self.straggler_timeout_s = failure_config.straggler_timeout_s
         self.callbacks = callbacks
+        self.callback_runner = CallbackRunner(callbacks)  # hooks run off the commit path
+        self.lease = lease  # the run's lease (RunLease): checked before each commit
+        self._warned_shared: set[str] = set()
         self.run_info = run_info
         self.external_checkpoint = start_checkpoint
         self.metrics_rows = list(metrics_rows or [])
@@ -145,12 +152,28 @@ class Controller:
     def _collect(self, group: WorkerGroup, world_size: int, plan: Any) -> WorkerError | None:
         pending: dict[int, dict[int, ReportMessage]] = {}
         done: set[int] = set()
+        first_done_at: float | None = None
+        warned = False
         while len(done) < world_size:
-            for message in group.wait():
+            timeout = None
+            if first_done_at is not None and self.straggler_timeout_s is not None:
+                # Some ranks finished: the others get straggler_timeout_s (a warning at half of it).
+                waited = time.monotonic() - first_done_at
+                running = sorted(set(range(world_size)) - done)
+                if waited >= self.straggler_timeout_s:
+                    return self._straggler_error(running, sorted(done), waited)
+                if not warned and waited >= self.straggler_timeout_s / 2:
+                    warned = True
+                    logger.warning("%s still running %.0f s after %s finished; the attempt fails if still running "
+                                   "after %.0f s (FailureConfig.straggler_timeout_s).", _ranks(running).capitalize(),
+                                   waited, _ranks(sorted(done)), self.straggler_timeout_s)
+                timeout = (self.straggler_timeout_s if warned else self.straggler_timeout_s / 2) - waited
+            for message in group.wait(timeout):
                 if isinstance(message, ReportMessage):
                     self._add_report(pending, world_size, message)
                 elif isinstance(message, DoneMessage):
                     done.add(message.rank)
+                    first_done_at = first_done_at or time.monotonic()
                 else:
                     failures = [self._worker_error(message, plan)]
                     # Reports that every rank made before the failure are not lost.
@@ -174,6 +197,13 @@ class Controller:
             )
         return None
 
+    def _straggler_error(self, running: list[int], done: list[int], waited: float) -> WorkerError:
+        return WorkerError(rank=running[0], cause=(
+            f"{_ranks(running)} still running {waited:.0f} s after {_ranks(done)} finished the training "
+            f"function (FailureConfig.straggler_timeout_s={self.straggler_timeout_s:g}): a rank may be stuck (in a "
+            "collective its peers never joined, a data loader, I/O), or the ranks run different numbers of steps. "
+            "Make every rank run the same loop, or raise straggler_timeout_s if the imbalance is expected."))
+
     def _worker_error(self, message: FailedMessage, plan: Any) -> WorkerError:
         rank = message.rank
         node_ip = plan.node_ips[rank] if plan is not None and hasattr(plan, "node_ips") else ""
@@ -189,20 +219,22 @@ class Controller:
 
     def _add_report(self, pending: dict[int, dict[int, ReportMessage]], world_size: int,
                     message: ReportMessage) -> None:
+        if message.step not in pending and any(c.step == message.step for c in self.committed):
+            return  # a dead rank's recovered report of a step committed already
         pending.setdefault(message.step, {})[message.rank] = message
         if len(pending[message.step]) == world_size:
             self._commit(message.step, pending.pop(message.step))
 
     def _commit(self, step: int, ranks: dict[int, ReportMessage]) -> None:
         metrics = ranks[0].metrics
-        manifests = [r.manifest for r in ranks.values() if r.manifest is not None]
+        manifests = {rank: r.manifest for rank, r in ranks.items() if r.manifest is not None}
         checkpoint = None
+        if self.lease is not None:
+            self.lease.check()  # never commit into a run that another driver took over
         if manifests:
-            merged: dict[str, int] = {}
-            for manifest in manifests:
-                merged.update(manifest)
+            merged = self._merge_manifests(step, manifests)
             committed = self.storage.commit_checkpoint(step, metrics, merged)
-            self.committed = [c for c in self.committed if c.step != step] + [committed]
+            self.committed = sorted([c for c in self.committed if c.step != step] + [committed], key=lambda c: c.step)
             warn_if_unscored(committed, self.checkpoint_config)
             checkpoint = Checkpoint(committed.path, self.storage.fs)
         row = {"step": step, "attempt": self.attempt, "time": max(r.reported_at for r in ranks.values()),
@@ -219,6 +251,19 @@ class Controller:
                      ReportRecord(step=step, metrics=metrics, checkpoint=checkpoint, attempt=self.attempt,
                                   reported_at=row["time"]))
 
+    def _merge_manifests(self, step: int, manifests: dict[int, dict[str, int]]) -> dict[str, int]:
+        merged, shared = merge_manifests(manifests)
+        for rel, writers in shared.items():
+            # The last upload won: record the stored size, so the commit stays verifiable.
+            merged[rel] = self.storage.fs.size(posixpath.join(self.storage.checkpoint_path(step), rel))
+            if rel not in self._warned_shared:
+                self._warned_shared.add(rel)
+                logger.warning(
+                    "Ranks %s all wrote %r into checkpoint %d: the stored file is one of them (the last upload). "
+                    "Save it from one rank only (if trainlib.get_context().get_world_rank() == 0), or give each "
+                    "rank's file its own name (e.g. f'shard_{rank}.pt').", writers, rel, step)
+        return merged
+
     def _apply_retention(self) -> None:
         for doomed in checkpoints_to_delete(self.committed, self.checkpoint_config):
             self.storage.delete_checkpoint(doomed.path)
@@ -226,12 +271,7 @@ class Controller:
             self._notify("after_checkpoint_deleted", self.run_info, Checkpoint(doomed.path, self.storage.fs))
 
     def _notify(self, hook: str, *args: Any) -> None:
-        for callback in self.callbacks:
-            try:
-                getattr(callback, hook)(*args)
-            except Exception as exc:  # noqa: BLE001 - a callback never fails training
-                logger.warning("Callback %s.%s failed: %s: %s", type(callback).__name__, hook,
-                               type(exc).__name__, exc)
+        self.callback_runner.notify(hook, *args)
 
 
 # Errors a rank gets because a peer died or failed (its collective lost the connection):
@@ -250,6 +290,10 @@ def root_cause(failures: list[WorkerError]) -> WorkerError:
         if other is not first and other.rank != first.rank:
             logger.info("Rank %d also failed, after rank %d: %s", other.rank, first.rank, other.cause[:300])
     return first
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def _fmt_value(value: Any) -> str:

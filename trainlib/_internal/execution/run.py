@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from trainlib._internal import tunables
 from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.storage.commits import CommittedCheckpoint
 from trainlib._internal.storage.run_record import RunFailure, RunRecord, RunStatus
@@ -44,12 +45,22 @@ def public_fields(config: Any) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if not f.name.startswith("_")}
 
 
-def open_run(run_config: RunConfig, name: str, *, restoring: bool, train_fn: TrainFunction,
-             train_loop_config: dict | None, scaling_config: ScalingConfig) -> OpenedRun:
-    """Create the run folder, or resume or overwrite the one there per ``RunConfig.if_exists``."""
+def run_storage(run_config: RunConfig, name: str) -> RunStorage:
+    """The folder of run ``name`` under ``RunConfig.storage_path`` (nothing is read or written yet)."""
     rc = run_config
     fs, root = resolve_filesystem(rc.storage_path, rc.storage_filesystem, rc.storage_options)
-    storage = RunStorage(fs, root, name, shared=declares_shared(rc.storage_path))
+    return RunStorage(fs, root, name, shared=declares_shared(rc.storage_path))
+
+
+def open_run(run_config: RunConfig, name: str, *, restoring: bool, train_fn: TrainFunction,
+             train_loop_config: dict | None, scaling_config: ScalingConfig,
+             storage: RunStorage | None = None) -> OpenedRun:
+    """Create the run folder, or resume or overwrite the one there per ``RunConfig.if_exists``.
+
+    ``fit()`` passes the ``storage`` whose lease it holds, so no other driver changes the folder meanwhile.
+    """
+    rc = run_config
+    storage = storage or run_storage(rc, name)
     if storage.exists():
         previous = RunRecord.load(storage)
         status = previous.status.value
@@ -71,7 +82,9 @@ def open_run(run_config: RunConfig, name: str, *, restoring: bool, train_fn: Tra
                            name, status, storage.uri(),
                            committed[-1].path if committed else "the start (it has no committed checkpoint)")
             previous.resumed += 1
-            return OpenedRun(storage, previous, committed, storage.read_metrics_log())
+            rows = storage.read_metrics_log()
+            storage.repair_metrics_log(rows)  # a crash may have torn its last line
+            return OpenedRun(storage, previous, committed, rows)
     record = RunRecord(
         name=name, storage_path=storage.uri(storage.root), trainlib_version=trainlib_version(),
         train_loop_config=train_loop_config, scaling_config=public_fields(scaling_config),
@@ -115,7 +128,10 @@ def close_run(run: OpenedRun, run_config: RunConfig, run_info: RunInfo, controll
             raise
         logger.warning("Could not read the failed run back from storage: %s", exc)
         result = Result(metrics=None, checkpoint=None, path=storage.uri(), error=error)
-    for callback in run_config.callbacks:
+    # The hooks queued during the run first, bounded: a tracking server that hangs does not hold
+    # the run; then after_run, unless a callback is stuck.
+    delivered = controller.callback_runner.drain(tunables.CALLBACK_DRAIN_TIMEOUT_S)
+    for callback in run_config.callbacks if delivered else []:
         try:
             callback.after_run(run_info, result)
         except Exception as exc:  # noqa: BLE001 - training is over; report and go on

@@ -14,12 +14,12 @@ import numbers
 import os
 import queue
 import shutil
-import tempfile
 import threading
 import time
 from typing import Any
 
 from trainlib._internal import tunables
+from trainlib._internal.execution import staging
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
 from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
 from trainlib.checkpoint import Checkpoint
@@ -36,6 +36,12 @@ def validate_metrics(metrics: Any) -> dict[str, float | int]:
     for key, value in metrics.items():
         if not isinstance(key, str):
             raise TypeError(f"trainlib.report(): metric names must be strings, got {key!r}.")
+        if len(key) > tunables.MAX_METRIC_NAME_LENGTH:
+            # Trackers refuse such names (MLflow: 250 characters) and with them the whole batch.
+            raise ValueError(
+                f"trainlib.report(): the metric name {_short(key)} has {len(key)} characters; at most "
+                f"{tunables.MAX_METRIC_NAME_LENGTH} are allowed. Use a short name and put long text elsewhere."
+            )
         if isinstance(value, numbers.Number) and not isinstance(value, complex) and getattr(value, "ndim", 0) == 0:
             clean[key] = value.item() if hasattr(value, "item") else value
             continue
@@ -73,7 +79,7 @@ class WorkerSession:
         self.device: Any = None  # set by the worker backend once the device is chosen (e.g. torch.device)
         self.outbox = outbox
         self._uploads: queue.Queue = queue.Queue(maxsize=tunables.MAX_PENDING_UPLOADS_PER_WORKER)
-        self._staging_root = tempfile.mkdtemp(prefix=f"trainlib_stage_rank{info.world_rank}_")
+        self._staging_root = staging.make_staging_root(info.world_rank, self.storage.run_path)
         self._uploader = threading.Thread(target=self._upload_loop, name="trainlib-uploader", daemon=True)
         self._uploader.start()
 
@@ -95,8 +101,11 @@ class WorkerSession:
                 manifest = self._copy_checkpoint_files(checkpoint, step)
             else:
                 staged_dir = os.path.join(self._staging_root, f"step_{step}")
-                checkpoint.to_directory(staged_dir)
-        self._uploads.put(_PendingReport(step, clean, staged_dir, manifest, time.time()))
+                staging.stage_checkpoint(checkpoint, staged_dir)
+        reported_at = time.time()
+        if staged_dir is not None:  # what the node needs to finish the upload if this process dies
+            staging.write_record(staged_dir, step, clean, reported_at)
+        self._uploads.put(_PendingReport(step, clean, staged_dir, manifest, reported_at))
 
     def _copy_checkpoint_files(self, checkpoint: Checkpoint, step: int) -> dict[str, int]:
         if checkpoint.is_local:
@@ -110,6 +119,10 @@ class WorkerSession:
             self._uploads.put(DoneMessage(self.info.world_rank))
         else:
             self._uploads.put(FailedMessage.from_exception(self.info.world_rank, error))
+
+    def close(self) -> None:
+        """Remove this worker's staging folder (the group is being torn down)."""
+        shutil.rmtree(self._staging_root, ignore_errors=True)
 
     def wait_uploads(self, timeout: float) -> bool:
         """Wait until every queued report reached the driver's outbox; True if it did in time."""
@@ -135,6 +148,7 @@ class WorkerSession:
                 manifest = item.manifest
                 if item.staged_dir is not None:
                     manifest = self.storage.upload_directory(item.staged_dir, self.storage.checkpoint_path(item.step))
+                    staging.write_record(item.staged_dir, item.step, item.metrics, item.reported_at, manifest)
                     shutil.rmtree(item.staged_dir, ignore_errors=True)
                 self.outbox.put(ReportMessage(rank=self.info.world_rank, step=item.step, metrics=item.metrics,
                                               manifest=manifest, reported_at=item.reported_at))

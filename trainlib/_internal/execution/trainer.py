@@ -13,16 +13,19 @@ import uuid
 from typing import Any, Callable
 
 from trainlib._internal.execution.controller import Controller
+from trainlib._internal.execution.ray_connect import ensure_ray
 from trainlib._internal.execution.run import (
     TRAINER_FILE,
     close_run,
     load_trainer_file,
     open_run,
+    run_storage,
     start_run,
 )
 from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.execution.worker import WorkerBackend
 from trainlib._internal.execution.worker_group import RayWorkerGroup
+from trainlib._internal.storage.lease import RunLease
 from trainlib._internal.storage.run_record import RunRecord
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib._internal.util.filesystem import resolve_filesystem
@@ -32,21 +35,6 @@ from trainlib.config import CheckpointConfig, FailureConfig, RunConfig, ScalingC
 from trainlib.result import Result
 
 logger = logging.getLogger("trainlib")
-
-
-def ensure_ray() -> None:
-    """Connect to Ray: the cluster in RAY_ADDRESS if set, else start an embedded local one."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=True)
-    else:
-        # The dashboard costs a second of start-up and is not needed for embedded runs.
-        # address="local": without it Ray joins the last cluster started on this machine
-        # (/tmp/ray/ray_current_cluster), which may be someone else's.
-        ray.init(address="local", include_dashboard=False, log_to_driver=True)
 
 
 def default_run_name(prefix: str) -> str:
@@ -90,18 +78,27 @@ class DataParallelTrainer:
             TrainingFailedError: a worker failed more often than ``FailureConfig`` allows.
             ResourcesUnavailableError: the cluster cannot hold the workers.
             StorageError: run storage is unusable.
-            RunExistsError: the run's folder holds a run that ``RunConfig.if_exists`` forbids reusing.
+            RunExistsError: the run's folder holds a run that ``RunConfig.if_exists`` forbids reusing,
+                or (``RunInUseError``) another driver is training it now.
         """
-        import ray
-
         rc = self.run_config
         if rc.verbose:
             _log_to_console()
-        ensure_ray()
-        run = open_run(rc, rc.name or default_run_name(type(self).__name__), restoring=self._restoring,
-                       train_fn=self._train_fn, train_loop_config=self.train_loop_config,
-                       scaling_config=self.scaling_config)
-        storage = run.storage
+        storage = run_storage(rc, rc.name or default_run_name(type(self).__name__))
+        # One driver per run: take the run's lease before reading or changing its folder.
+        lease = RunLease(storage)
+        lease.acquire()
+        try:
+            return self._fit(storage, lease)
+        finally:
+            lease.release()
+
+    def _fit(self, storage: RunStorage, lease: RunLease) -> Result:
+        import ray
+
+        rc = self.run_config
+        run = open_run(rc, storage.name, restoring=self._restoring, train_fn=self._train_fn,
+                       train_loop_config=self.train_loop_config, scaling_config=self.scaling_config, storage=storage)
         start_from = storage.uri(run.committed[-1].path) if run.committed else (
             self.resume_from_checkpoint.uri if self.resume_from_checkpoint else None)
         run_info = RunInfo(
@@ -110,6 +107,8 @@ class DataParallelTrainer:
             scaling_config=run.record.scaling_config, resumed_from=start_from, record=run.record,
         )
         start_run(run, run_info, rc.callbacks)
+        # Ray starts after the storage and tracking checks, which fail in seconds without it.
+        ensure_ray()
         if start_from:
             logger.info("Run %s resumes from %s", storage.name, start_from)
         train_fn_ref = ray.put(self._train_fn)  # once per run: every worker of every attempt reads this copy
@@ -117,7 +116,7 @@ class DataParallelTrainer:
             storage=storage, make_worker_group=lambda: RayWorkerGroup(self.scaling_config, self.backend, train_fn_ref),
             checkpoint_config=rc.checkpoint_config, failure_config=rc.failure_config, callbacks=rc.callbacks,
             run_info=run_info, start_checkpoint=self.resume_from_checkpoint, metrics_rows=run.metrics_rows,
-            committed=run.committed, verbose=rc.verbose,
+            committed=run.committed, verbose=rc.verbose, lease=lease,
         )
         try:
             controller.run()

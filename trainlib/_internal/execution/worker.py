@@ -91,6 +91,11 @@ class TrainWorker:
         """Block until this worker has something for the driver; return all of it, in order."""
         return self._drain([self.outbox.get()])
 
+    def close(self) -> None:
+        """Before the group is torn down: remove this worker's staging folder."""
+        if self.session is not None:
+            self.session.close()
+
     def flush(self, timeout: float) -> list[WorkerMessage]:
         """After another rank failed: let pending uploads finish, then return what is queued."""
         if self.session is not None:

@@ -14,13 +14,18 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.messages import FailedMessage, WorkerMessage, is_last
 from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
 from trainlib._internal.execution.spec import AttemptSpec, Placement, WorkerStart
+from trainlib._internal.execution.staging import finish_staged_uploads
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
+from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.config import ScalingConfig
 from trainlib.errors import ResourcesUnavailableError, WorkerError
 
@@ -39,6 +44,7 @@ class RayWorkerGroup:
         self._pending: dict[Any, int] = {}  # outstanding next_messages ref -> rank
         self._placements: list[Placement] = []
         self.plan: RankPlan | None = None
+        self._storage: RunStorage | None = None  # of the started attempt, for recovering a dead rank's uploads
 
     def start_actors(self) -> None:
         """Reserve the placement group (bounded wait) and start the actors; returns before they are ready."""
@@ -92,6 +98,7 @@ class RayWorkerGroup:
         self._actors = [by_index[i] for i in plan.order]
         self._placements = [placements[i] for i in plan.order]
         self.plan = plan
+        self._storage = attempt.storage
         refs = [
             actor.start.remote(WorkerStart(attempt=attempt, info=plan.infos[rank], env=plan.envs[rank],
                                            train_fn=self.train_fn))
@@ -104,16 +111,16 @@ class RayWorkerGroup:
         self._pending = {actor.next_messages.remote(): rank for rank, actor in enumerate(self._actors)}
         return plan
 
-    def wait(self) -> list[WorkerMessage]:
-        """Block until some worker sends messages or dies; return them in order (a death as a failure)."""
-        ready, _ = ray.wait(list(self._pending), num_returns=1)
+    def wait(self, timeout: float | None = None) -> list[WorkerMessage]:
+        """Wait until some worker sends messages or dies (at most ``timeout`` s); return them in order."""
+        ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=timeout)
         out: list[WorkerMessage] = []
         for ref in ready:
             rank = self._pending.pop(ref)
             try:
                 messages = ray.get(ref)
             except RayActorError as exc:
-                messages = [self._death_message(rank, exc)]
+                messages = self._recover_staged(rank) + [self._death_message(rank, exc)]
             out.extend(messages)
             if not any(is_last(m) for m in messages):
                 self._pending[self._actors[rank].next_messages.remote()] = rank
@@ -137,11 +144,7 @@ class RayWorkerGroup:
 
     def _death_cause(self, rank: int, exc: BaseException) -> str:
         p = self._placements[rank] if rank < len(self._placements) else None
-        text = str(exc).strip().splitlines()
-        detail = next((line.strip() for line in text if "exit" in line.lower() or "killed" in line.lower()
-                       or "OOM" in line), text[0] if text else "")
-        return (f"the worker process (pid {p.pid if p else None}) on node {p.node_ip if p else None} died: {detail}. It may have "
-                "been killed (OOM, SIGKILL) or its node lost")
+        return death_cause(str(exc), p.pid if p else None, p.node_ip if p else None)
 
     def flush(self, timeout: float) -> list[WorkerMessage]:
         """After a failure: collect what the live workers still had queued, uploads included."""
@@ -158,11 +161,41 @@ class RayWorkerGroup:
                 out.extend(ray.get(ref))
             except RayActorError as exc:
                 # A rank that died: the controller may pick its death as the root cause.
-                out.append(self._death_message(rank, exc))
+                out.extend(self._recover_staged(rank) + [self._death_message(rank, exc)])
         return out
 
+    def _recover_staged(self, rank: int) -> list[WorkerMessage]:
+        """A dead rank's staged-but-not-uploaded checkpoints: uploaded from its node; their REPORT messages.
+
+        Runs before the controller decides where the restart resumes, so no report that the dead
+        worker made is lost while its files are still on its node's disk. Bounded in time; when
+        the node itself is gone, its staged files are lost and the restart resumes from the latest
+        commit (the loss is at most MAX_PENDING_UPLOADS_PER_WORKER + 1 reports, and stated).
+        """
+        p = self._placements[rank] if rank < len(self._placements) else None
+        storage = self._storage
+        if storage is None or storage.is_local or p is None:
+            return []  # local storage: report() wrote straight into storage, nothing was staged
+        task = ray.remote(num_cpus=0, max_retries=0)(finish_staged_uploads).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(p.node_id, soft=False))
+        ref = task.remote(storage, rank, p.pid)
+        try:
+            messages = ray.get(ref, timeout=tunables.FLUSH_AFTER_FAILURE_S)
+        except Exception as exc:  # noqa: BLE001 - node lost, or the uploads failed: the loss is stated
+            ray.cancel(ref, force=True)
+            logger.warning("Rank %d died with checkpoints staged on node %s that could not be uploaded (%s: %s); "
+                           "the restart resumes from the latest committed checkpoint.", rank, p.node_ip,
+                           type(exc).__name__, str(exc)[:300])
+            return []
+        if messages:
+            logger.warning("Rank %d died; its node finished the upload of its staged checkpoint(s) for step(s) %s.",
+                           rank, ", ".join(str(m.step) for m in messages))
+        return messages
+
     def shutdown(self) -> None:
-        """Kill the actors and release the placement group."""
+        """Kill the actors (after letting them remove their staging folders) and release the placement group."""
+        if self._actors:
+            ray.wait([a.close.remote() for a in self._actors], num_returns=len(self._actors), timeout=2.0)
         for actor in self._actors:
             try:
                 ray.kill(actor, no_restart=True)
@@ -176,3 +209,24 @@ class RayWorkerGroup:
             except Exception:  # noqa: BLE001 - cluster already gone
                 pass
             self._pg = None
+
+
+def death_cause(ray_text: str, pid: Any, node_ip: Any) -> str:
+    """A dead worker's cause in one line: Ray's exit type and detail, and where to find the exit status.
+
+    Ray does not know a killed process's signal or exit status (its raylet sees a closed
+    connection), so the message says where the kernel recorded it.
+    """
+    import re
+
+    exit_type = re.search(r"Worker exit type: (\w+)", ray_text)
+    detail = re.search(r"Worker exit detail: (.*?\.)(?:\s|$)", ray_text)
+    if exit_type or detail:
+        said = f"Ray's exit type {exit_type.group(1) if exit_type else '?'}: {detail.group(1) if detail else ''}"
+    else:
+        lines = [line.strip() for line in ray_text.strip().splitlines() if line.strip()]
+        said = next((line for line in lines if "exit" in line.lower() or "killed" in line.lower()
+                     or "OOM" in line), lines[0] if lines else "no detail")
+    return (f"the worker process (pid {pid}) on node {node_ip} died ({said.strip()}). Its exit status is not "
+            f"known to Ray: a SIGKILL, the kernel's OOM killer (`dmesg | grep -i 'killed process {pid}'` on that "
+            "node) or a crash in native code (the worker's log: `ray logs worker` / /tmp/ray/session_latest/logs)")

@@ -21,3 +21,14 @@ class CommittedCheckpoint:
     path: str
     metrics: dict[str, Any]
     committed_at: float
+
+
+def merge_manifests(by_rank: dict[int, dict[str, int]]) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """One checkpoint's files from every rank's manifest, and the files that several ranks wrote (by name)."""
+    merged: dict[str, int] = {}
+    writers: dict[str, list[int]] = {}
+    for rank in sorted(by_rank):
+        for rel, size in by_rank[rank].items():
+            merged[rel] = size
+            writers.setdefault(rel, []).append(rank)
+    return merged, {rel: ranks for rel, ranks in writers.items() if len(ranks) > 1}

@@ -28,15 +28,22 @@ from typing import Any
 
 import fsspec
 
+from trainlib._internal.storage.checkpoint_files import checkpoint_files
 from trainlib._internal.storage.commits import (
     CHECKPOINT_PREFIX,
     COMMIT_MARKER,
     CommittedCheckpoint,
     checkpoint_dir_name,
 )
+from trainlib._internal.storage.lease_record import LEASE_PREFIX
 from trainlib._internal.storage.run_record import RUN_STATE_FILE
 from trainlib._internal.util.atomic import atomic_copy, atomic_write
-from trainlib._internal.util.filesystem import declares_shared, is_local_filesystem, resolve_filesystem, to_uri
+from trainlib._internal.util.filesystem import (
+    declares_shared,
+    is_local_filesystem,
+    resolve_filesystem,
+    to_uri,
+)
 from trainlib._internal.util.retry import with_retries
 
 logger = logging.getLogger("trainlib")
@@ -99,16 +106,14 @@ class RunStorage:
         self.write_bytes_atomic(path, json.dumps(obj, indent=1, default=str).encode())
 
     def upload_directory(self, local_dir: str, dest: str) -> dict[str, int]:
-        """Copy every file under ``local_dir`` into ``dest``; return the manifest {relpath: size}."""
+        """Copy every file under ``local_dir`` into ``dest``; return the manifest {relpath: size}.
+
+        Symlinks are checked first (see :mod:`checkpoint_files`): none is followed out of the folder.
+        """
         manifest: dict[str, int] = {}
-        for folder, _dirs, files in os.walk(local_dir):
-            for file_name in files:
-                local_file = os.path.join(folder, file_name)
-                rel = os.path.relpath(local_file, local_dir).replace(os.sep, "/")
-                if rel == COMMIT_MARKER:
-                    continue  # a checkpoint folder copied back in must not carry its old commit
-                manifest[rel] = os.path.getsize(local_file)
-                self._upload_file(local_file, posixpath.join(dest, rel))
+        for item in checkpoint_files(local_dir):
+            manifest[item.rel] = item.size
+            self._upload_file(item.local_path, posixpath.join(dest, item.rel))
         return manifest
 
     def _upload_file(self, local_file: str, dest: str) -> None:
@@ -137,11 +142,20 @@ class RunStorage:
     def append_metrics_row(self, row: dict[str, Any], all_rows: list[dict[str, Any]]) -> None:
         """Add ``row`` to the metrics log (append locally; object stores get the whole log rewritten)."""
         path = self.join(METRICS_FILE)
-        line = json.dumps(row, default=str) + "\n"
+        line = (json.dumps(row, default=str) + "\n").encode()
         if self.is_local:
-            os.makedirs(self.run_path, exist_ok=True)
-            with open(path, "a") as f:
-                f.write(line)
+            def append() -> None:
+                os.makedirs(self.run_path, exist_ok=True)
+                # One write() of the whole line on an O_APPEND file, then fsync: a crash leaves
+                # whole lines, or at worst a torn last one, which readers skip and resume repairs.
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    if os.write(fd, line) != len(line):
+                        raise OSError(f"short write to {path}")
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            with_retries(f"appending to {self.uri(path)}", append)
         else:
             self.write_bytes_atomic(path, "".join(json.dumps(r, default=str) + "\n" for r in all_rows).encode())
 
@@ -197,13 +211,46 @@ class RunStorage:
         return removed
 
     def read_metrics_log(self) -> list[dict[str, Any]]:
+        """Every row of the metrics log. A torn last line (a crash mid-append) is skipped with a warning."""
         path = self.join(METRICS_FILE)
         try:
-            text = with_retries(f"reading {self.uri(path)}", lambda: self.fs.cat_file(path)).decode()
+            text = with_retries(f"reading {self.uri(path)}", lambda: self.fs.cat_file(path)).decode(errors="replace")
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = []
+        lines = text.splitlines()
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                where = "its last line is torn (a crash mid-append)" if number == len(lines) else \
+                    f"line {number} is unreadable"
+                logger.warning("Skipping a line of %s: %s: %r", self.uri(path), where, line[:80])
+        return rows
+
+    def repair_metrics_log(self, rows: list[dict[str, Any]]) -> None:
+        """Before appending to a log that a crash may have torn: rewrite it as whole lines of ``rows``."""
+        path = self.join(METRICS_FILE)
+        try:
+            data = with_retries(f"reading {self.uri(path)}", lambda: self.fs.cat_file(path))
+        except FileNotFoundError:
+            return
+        lines = [line for line in data.split(b"\n") if line.strip()]
+        if data and (not data.endswith(b"\n") or len(lines) != len(rows)):
+            whole = "".join(json.dumps(r, default=str) + "\n" for r in rows).encode()
+            logger.warning("Rewriting %s without its torn or unreadable lines", self.uri(path))
+            self.write_bytes_atomic(path, whole)
 
     def remove_run(self) -> None:
-        if self.fs.exists(self.run_path):
-            with_retries(f"deleting {self.uri()}", lambda: self.fs.rm(self.run_path, recursive=True))
+        """Delete the run's files; its lease files stay, for the driver that holds the lease."""
+        def rm() -> None:
+            self.fs.invalidate_cache(self.run_path)
+            if not self.fs.exists(self.run_path):
+                return
+            for entry in self.fs.ls(self.run_path, detail=False):
+                if not posixpath.basename(entry.rstrip("/")).startswith(LEASE_PREFIX):
+                    self.fs.rm(entry, recursive=True)
+        with_retries(f"deleting {self.uri()}", rm)
+

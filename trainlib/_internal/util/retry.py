@@ -1,4 +1,9 @@
-"""Retry with backoff for transient I/O errors. Used on the driver and in worker actors."""
+"""Retry with backoff for transient I/O errors. Used on the driver and in worker actors.
+
+Which errors are transient is decided in :mod:`trainlib._internal.util.io_faults`: only
+network-ish ones are retried; a full disk, a refused permission, a missing bucket or a name
+too long fail at once with a StorageError that names the path, the real cause and the fix.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import time
 from typing import Callable, TypeVar
 
 from trainlib._internal import tunables
+from trainlib._internal.util.io_faults import classify, is_missing_bucket
 from trainlib.errors import StorageError
 
 logger = logging.getLogger("trainlib")
@@ -16,12 +22,12 @@ T = TypeVar("T")
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is an I/O error that a retry may fix (network, timeouts), not a missing file or a bad request."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return False
-    return isinstance(exc, (OSError, ConnectionError, TimeoutError)) or type(exc).__module__.startswith(
-        ("botocore", "aiobotocore", "urllib3", "aiohttp")
-    )
+    """Whether ``exc`` is an I/O error that a retry may fix (network, timeouts), not a full disk or a bad request."""
+    return classify(exc).transient
+
+
+def _is_io_error(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) or type(exc).__module__.startswith(("botocore", "aiobotocore", "s3fs"))
 
 
 def with_retries(what: str, func: Callable[[], T], *, attempts: int | None = None,
@@ -31,7 +37,10 @@ def with_retries(what: str, func: Callable[[], T], *, attempts: int | None = Non
     """Run ``func``; retry ``retryable`` errors with jittered exponential backoff, then raise ``error``.
 
     The defaults are storage's (``tunables.STORAGE_RETRY_*``, ``StorageError``); other
-    repeatable I/O passes its own. Errors that are not retryable propagate at once.
+    repeatable I/O passes its own. With the default classification, a permanent I/O error
+    (full disk, permission, missing bucket, name too long) raises ``error`` at once naming the
+    cause and the fix; a plain missing file (FileNotFoundError) propagates, for callers that
+    check for it. Other errors that are not retryable propagate at once.
     """
     attempts = attempts or tunables.STORAGE_RETRY_ATTEMPTS
     delay = tunables.STORAGE_RETRY_BASE_DELAY_S if base_delay_s is None else base_delay_s
@@ -41,6 +50,11 @@ def with_retries(what: str, func: Callable[[], T], *, attempts: int | None = Non
             return func()
         except Exception as exc:  # noqa: BLE001 - classified below
             if not retryable(exc):
+                plain_missing = isinstance(exc, FileNotFoundError) and not is_missing_bucket(exc)
+                if retryable is is_transient and _is_io_error(exc) and not plain_missing:
+                    fault = classify(exc)
+                    raise error(f"{what} failed: {fault.cause}" + (f". Fix: {fault.fix}." if fault.fix else ".")) \
+                        from None
                 raise
             if attempt == attempts:
                 raise error(
