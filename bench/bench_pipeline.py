@@ -60,6 +60,10 @@ class CpuSampler:
         if os.getpid() not in [p.pid for p in process.parents()]:
             return None
         cmdline = " ".join(process.cmdline())
+        # A Ray worker (the training, the task processes) starts as default_worker.py with
+        # "--runtime-env-agent-port" in its arguments and renames itself ray::... later: not a service.
+        if "default_worker.py" in cmdline or cmdline.startswith("ray::"):
+            return None
         if any(word in cmdline for word in RAY_SERVICE_WORDS) and "ray" in cmdline:
             return "ray"
         return None
