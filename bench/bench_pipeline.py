@@ -41,6 +41,7 @@ class CpuSampler:
         self.samples: list[tuple[float, float, float]] = []  # (time, prefect cpu s, ray services cpu s)
         self._stop = threading.Event()
         self._known: dict[int, tuple[str, float]] = {}  # pid -> (group, last cpu seconds): exited ones count
+        self.names: dict[int, str] = {}  # pid -> the process's name, for the per-process breakdown
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def __enter__(self) -> "CpuSampler":
@@ -55,7 +56,14 @@ class CpuSampler:
         if self.server is not None and (process.pid == self.server.pid or self.server.pid in
                                         [p.pid for p in process.parents()]):
             return "prefect"
+        # Only this benchmark's own Ray (its processes descend from this one): the machine may run others.
+        if os.getpid() not in [p.pid for p in process.parents()]:
+            return None
         cmdline = " ".join(process.cmdline())
+        # A Ray worker (the training, the task processes) starts as default_worker.py with
+        # "--runtime-env-agent-port" in its arguments and renames itself ray::... later: not a service.
+        if "default_worker.py" in cmdline or cmdline.startswith("ray::"):
+            return None
         if any(word in cmdline for word in RAY_SERVICE_WORDS) and "ray" in cmdline:
             return "ray"
         return None
@@ -70,6 +78,7 @@ class CpuSampler:
                             self._known[process.pid] = ("", 0.0)
                             continue
                         self._known[process.pid] = (group, 0.0)
+                        self.names[process.pid] = " ".join(process.cmdline())[:80]
                     group, _ = self._known[process.pid]
                     if group:
                         times = process.cpu_times()
@@ -81,6 +90,11 @@ class CpuSampler:
                 if group:
                     totals[group] += seconds
             self.samples.append((time.time(), totals["prefect"], totals["ray"]))
+
+    def cpu_seconds_by_process(self) -> dict[str, float]:
+        """Total CPU seconds of each sampled service process over the whole run (name -> seconds)."""
+        return {f"{self.names[pid]} ({pid})": round(seconds, 2) for pid, (group, seconds) in self._known.items()
+                if group}
 
     def share_of_machine(self, start: float, end: float) -> dict[str, float]:
         """CPU share (0..1 of all cores) each group used between wall times ``start`` and ``end``."""
@@ -134,6 +148,7 @@ def main() -> None:
                 "overhead_beyond_fit_s": wall - summary.fit_seconds, "test_accuracy": summary.test_accuracy,
                 "test_loss": summary.test_loss, "training_metrics": summary.training_metrics,
                 "services_cpu_share_while_training": sampler.share_of_machine(train_start, train_end),
+                "services_cpu_seconds_whole_run": sampler.cpu_seconds_by_process(),
             })
             print(json.dumps(runs[-1], indent=1), flush=True)
     finally:

@@ -341,7 +341,9 @@ def test_killed_deployment_run_resumes_from_its_checkpoint_when_retried(deployed
     assert top["state_type"] == "COMPLETED", f"{top['state']['message']}\n{worker_log}"
     assert _metrics_epochs(run_folder) == [0, 1, 2]  # no epoch trained twice; epoch 2's lost part redone once
     steps = _steps_run(services, flow_run_id)
-    train = next(t for t in _task_runs(services, steps["id"]) if t["name"].startswith("train-"))
+    # The retry may run in the same subflow run: the second attempt's train task run is the newest.
+    train = max((t for t in _task_runs(services, steps["id"]) if t["name"].startswith("train-")),
+                key=lambda t: t["created"])
     train_logs = _logs(services, task_run_id=[train["id"]])
     # trainlib's own warning reached the task run's log; training went on from the committed checkpoint.
     assert any("resuming it from" in m and "checkpoint_000001" in m for m in train_logs), train_logs
