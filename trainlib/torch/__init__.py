@@ -4,8 +4,8 @@ Example:
     >>> from trainlib.torch import TorchTrainer, prepare_model, prepare_data_loader
 """
 
-from trainlib.torch._backend import TorchConfig
-from trainlib.torch._prepare import get_device, prepare_data_loader, prepare_model
-from trainlib.torch._trainer import TorchTrainer
+from trainlib.torch.config import TorchConfig
+from trainlib.torch.prepare import get_device, prepare_data_loader, prepare_model
+from trainlib.torch.trainer import TorchTrainer
 
 __all__ = ["TorchConfig", "TorchTrainer", "get_device", "prepare_data_loader", "prepare_model"]

@@ -13,11 +13,11 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
-from trainlib._internal import session as _session
+from trainlib._internal.execution.session import current_session
 
 
 def _world() -> tuple[int, int]:
-    s = _session._session
+    s = current_session()
     if s is None:
         return 0, 1
     return s.info.world_rank, s.info.world_size
