@@ -1,4 +1,4 @@
-"""The user's training function reaches processes that cannot import its module (trainlib._internal.user_code)."""
+"""The user's training function reaches processes that cannot import its module (trainlib._internal.execution.user_code)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 
 import cloudpickle
 
-from trainlib._internal.user_code import dumps_for_workers, missing_modules, user_modules
+from trainlib._internal.execution.user_code import dumps_for_workers, missing_modules, user_modules
 
 LOADER = "import sys, cloudpickle; f = cloudpickle.loads(sys.stdin.buffer.read()); print(f({'x': 4}))"
 

@@ -16,6 +16,7 @@ import sys
 import threading
 from typing import Any, Callable
 
+from trainlib._internal.execution import user_code
 from trainlib._internal.execution.session import WorkerSession, set_session
 from trainlib._internal.execution.spec import WorkerInfo
 from trainlib._internal.storage.run_storage import RunStorage
@@ -58,6 +59,11 @@ class TrainWorker:
             "pid": os.getpid(),
             "gpu_ids": [str(g) for g in accelerators.get("GPU", [])],
         }
+
+    def missing_modules(self, names: list[str], driver_sys_path: list[str]) -> list[str]:
+        """Of the user's modules ``names``, those this worker cannot import (the driver ships them by value)."""
+        _extend_sys_path(driver_sys_path)
+        return user_code.missing_modules(names)
 
     def find_free_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -139,20 +145,27 @@ def _train_at_node_priority() -> None:
             pass  # a thread that has just exited
 
 
+def _extend_sys_path(driver_sys_path: list[str]) -> None:
+    """Add the driver's import path entries that exist here.
+
+    On the driver's node the driver's import path exists too: use it, so a function from a
+    module next to the user's script (or a test module) imports here as it does there.
+    """
+    for entry in driver_sys_path:
+        if entry and entry not in sys.path and os.path.isdir(entry):
+            sys.path.append(entry)
+
+
 def _load_train_func(payload: bytes, driver_sys_path: list[str]) -> Callable:
     """Unpickle the training function; modules it references import as they do on the driver."""
     import cloudpickle
 
-    # On the driver's node the driver's import path exists too: use it, so a function from a
-    # module next to the user's script (or a test module) imports here as it does there.
-    for entry in driver_sys_path:
-        if entry and entry not in sys.path and os.path.isdir(entry):
-            sys.path.append(entry)
+    _extend_sys_path(driver_sys_path)
     try:
         return cloudpickle.loads(payload)
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
-            f"{exc}: the training function refers to a module that this worker cannot import. Install it "
-            "on every node (pip install -e .), or ship it with ray.init(runtime_env={'py_modules': [...]}) "
+            f"{exc}: the training function refers to a module that this worker cannot import (trainlib ships "
+            "the function's own modules, not installed packages). Install it on every node, or ship it with ray.init(runtime_env={'py_modules': [...]}) "
             "or {'working_dir': ...}."
         ) from exc

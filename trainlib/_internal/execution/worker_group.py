@@ -19,6 +19,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainlib._internal import tunables
+from trainlib._internal.execution import user_code
 from trainlib._internal.execution.messages import ERROR
 from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
@@ -95,7 +96,10 @@ class RayWorkerGroup:
         self._actors = [by_index[i] for i in plan.order]
         self._placements = [placements[i] for i in plan.order]
         self.plan = plan
-        train_func_ref = ray.put(cloudpickle.dumps(train_func))
+        try:
+            train_func_ref = ray.put(self._pickle_train_func(train_func))
+        except RayActorError as exc:
+            raise self._start_failure([], exc) from None
         refs = [
             actor.start.remote(train_func_ref, list(sys.path), config, plan.infos[rank], storage, checkpoint,
                                first_step, plan.envs[rank]["MASTER_ADDR"], master_port, plan.envs[rank])
@@ -107,6 +111,20 @@ class RayWorkerGroup:
             raise self._start_failure(refs, exc) from None
         self._pending = {actor.next_messages.remote(): rank for rank, actor in enumerate(self._actors)}
         return plan
+
+    def _pickle_train_func(self, train_func: Callable) -> bytes:
+        """Pickle the training function; the user's modules that some node cannot import go by value."""
+        names = user_code.user_modules(train_func)
+        if not names:
+            return cloudpickle.dumps(train_func)
+        per_node = {p["node_id"]: (actor, p["node_ip"]) for actor, p in zip(self._actors, self._placements)}
+        answers = ray.get([actor.missing_modules.remote(names, list(sys.path)) for actor, _ in per_node.values()],
+                          timeout=tunables.WORKER_START_TIMEOUT_S)
+        missing = sorted(set().union(*answers))
+        if missing:
+            lacking = [ip for (_, ip), answer in zip(per_node.values(), answers) if answer]
+            logger.info(user_code.describe(missing, lacking))
+        return user_code.dumps_for_workers(train_func, missing)
 
     def wait(self) -> list[tuple[int, tuple]]:
         """Block until some worker sends messages or dies; return them as (rank, message)."""
