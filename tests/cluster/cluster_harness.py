@@ -98,7 +98,7 @@ class RayNode:
 
         found = {}
         for proc in psutil.process_iter(["pid"]):
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(psutil.Error, OSError):  # gone meanwhile
                 if os.getpgid(proc.pid) == self.pgid:
                     found[proc.pid] = proc
                     for child in proc.children(recursive=True):

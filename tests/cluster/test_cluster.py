@@ -1,0 +1,200 @@
+"""trainlib and the pipeline on a real multi-node Ray cluster started with `ray start`.
+
+One cluster for the module (cluster_harness): the head on 127.0.0.2 (which has the
+repository, as the operator's machine does) and a node on 127.0.0.3 that cannot
+import trainlib, tasks or flows (the repository is hidden from it by a mount
+namespace). Run storage and staged data are on S3 (moto's server over HTTP), whose
+endpoint and keys the nodes get from their environment, as a real cluster's nodes
+do. MLflow is an `mlflow server` with S3 artifacts, Prefect a `prefect server`. The
+node-loss test runs last: it stops a node for good.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+import trainlib
+from cluster_harness import BIN, HEAD_IP, REPO_ROOT, LocalRayCluster, can_hide_code, free_port
+from cluster_jobs import checkpoint_state, expected_total, spread_train_func
+from trainlib.torch import TorchTrainer
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+NO_NAMESPACES = can_hide_code()
+if NO_NAMESPACES:
+    pytest.skip(f"a node without the code needs a private mount namespace: {NO_NAMESPACES}",
+                allow_module_level=True)
+
+BUCKET = "trainlib-cluster"
+S3_ENV = {"AWS_ACCESS_KEY_ID": "AKIACLUSTERFAKE", "AWS_SECRET_ACCESS_KEY": "cluster-secret-" + uuid.uuid4().hex,
+          "AWS_DEFAULT_REGION": "us-east-1"}
+MIRROR = os.path.abspath(os.path.join(REPO_ROOT, "..", "shared", "datasets", "fashion-mnist"))
+PROJECT_MODULES = [os.path.join(REPO_ROOT, p) for p in ("trainlib", "tasks", "flows")]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _start_server(cmd: list[str], health_url: str, log_path: str, env: dict[str, str]) -> subprocess.Popen:
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if _healthy(health_url):
+            return process
+        if process.poll() is not None:
+            break
+        time.sleep(0.3)
+    with open(log_path, errors="replace") as f:
+        raise RuntimeError(f"{cmd[0]} did not answer {health_url}:\n{f.read()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server on 127.0.0.1 with one bucket; its endpoint and keys as environment variables."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = dict(S3_ENV, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                 aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1"
+                 ).create_bucket(Bucket=BUCKET)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # this process is a driver too (reads results back from S3)
+    yield env
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(s3):
+    """Head 127.0.0.2 (with the repo) and 127.0.0.3 (without it), 1 CPU each, S3 keys in their environment."""
+    c = LocalRayCluster(node_env=s3)
+    try:
+        c.start_head(num_cpus=1)
+        c.add_node("127.0.0.3", num_cpus=1, with_code=False)
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory, s3):
+    """A Prefect server and an MLflow server (artifacts on S3), both on 127.0.0.1."""
+    root = tmp_path_factory.mktemp("cluster-services")
+    prefect_port, mlflow_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS"))}
+    env.update(s3, PREFECT_HOME=str(root / "prefect_home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_UI_ENABLED="false")
+    api_url = f"http://127.0.0.1:{prefect_port}/api"
+    mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
+    processes = []
+    try:
+        processes.append(_start_server(
+            [f"{BIN}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+            f"{api_url}/health", str(root / "prefect.log"), env))
+        processes.append(_start_server(
+            [f"{BIN}/mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+             "--artifacts-destination", f"s3://{BUCKET}/mlartifacts", "--host", "127.0.0.1",
+             "--port", str(mlflow_port), "--workers", "1"],
+            f"{mlflow_uri}/health", str(root / "mlflow.log"), env))
+        yield {"api_url": api_url, "mlflow_uri": mlflow_uri, "root": root}
+    finally:
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, 15)
+        for process in processes:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, 9)
+
+
+@contextlib.contextmanager
+def connected(cluster: LocalRayCluster, runtime_env: dict):
+    """This test process as a driver of the cluster; the session's embedded Ray comes back afterwards."""
+    import ray
+
+    was_running = ray.is_initialized()
+    ray.shutdown()
+    cluster.enable_token_auth_here()
+    ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=True)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        if was_running:  # as the session fixture left it, for the modules after this one
+            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
+
+
+def probe_imports(cluster: LocalRayCluster, runtime_env: dict | None = None) -> dict[str, dict[str, bool]]:
+    """node IP -> whether a plain Ray task there can import each project package (a fresh driver process)."""
+    code = f"""
+import importlib.util, json, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init(address={cluster.address!r}, runtime_env={runtime_env!r}, log_to_driver=False, logging_level="ERROR")
+
+@ray.remote(num_cpus=0)
+def probe():
+    return {{m: importlib.util.find_spec(m) is not None for m in ("trainlib", "tasks", "flows", "cluster_jobs")}}
+
+found = {{n["NodeManagerAddress"]: ray.get(probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+    n["NodeID"], soft=False)).remote()) for n in ray.nodes() if n["Alive"]}}
+print("FOUND=" + json.dumps(found))
+"""
+    # Run from this folder with the repo on PYTHONPATH, as a careless driver would: Ray then adds
+    # the driver's working directory to the workers' path, which must not help the hidden node.
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                          env=cluster.driver_env(), cwd=os.path.dirname(os.path.abspath(__file__)))
+    line = next((x for x in done.stdout.splitlines() if x.startswith("FOUND=")), None)
+    assert line, done.stderr[-4000:]
+    return json.loads(line[len("FOUND="):])
+
+
+def test_node_without_the_code_cannot_import_the_project(cluster):
+    found = probe_imports(cluster)
+    assert found[HEAD_IP] == {"trainlib": True, "tasks": True, "flows": True, "cluster_jobs": True}
+    assert found["127.0.0.3"] == {"trainlib": False, "tasks": False, "flows": False, "cluster_jobs": False}
+    # py_modules in the job's runtime_env carry the project there.
+    shipped = probe_imports(cluster, {"py_modules": PROJECT_MODULES})
+    assert shipped["127.0.0.3"] == {"trainlib": True, "tasks": True, "flows": True, "cluster_jobs": False}
+
+
+def test_training_function_reaches_a_node_without_its_module(cluster, s3):
+    """STRICT_SPREAD over both nodes; cluster_jobs exists only here, trainlib arrives by py_modules."""
+    storage = f"s3://{BUCKET}/runs"
+    with connected(cluster, {"py_modules": [os.path.join(REPO_ROOT, "trainlib")]}):
+        result = TorchTrainer(
+            spread_train_func, train_loop_config={"steps": 3},
+            scaling_config=trainlib.ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
+            run_config=trainlib.RunConfig(name="shipped-" + uuid.uuid4().hex[:6], storage_path=storage),
+        ).fit()
+    assert result.error is None
+    assert result.metrics["num_nodes"] == 2
+    assert sorted(checkpoint_state(result.checkpoint)["nodes"]) == [HEAD_IP, "127.0.0.3"]
+    assert result.metrics["total"] == expected_total(3, 2)
+    assert result.checkpoint.uri.startswith(f"s3://{BUCKET}/runs/")
+    # The run reads back from S3 (as Result.from_path does for any past run).
+    back = trainlib.Result.from_path(result.path)
+    assert back.metrics["step"] == 3 and back.checkpoint.uri == result.checkpoint.uri
