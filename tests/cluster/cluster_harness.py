@@ -267,7 +267,9 @@ class LocalRayCluster:
                 proc.send_signal(sig)
 
     def stop(self) -> None:
-        """Stop every node, workers first, by process group; then remove the temp dir."""
+        """Stop every node by process group (workers included), then anything still running from our temp dir."""
+        import psutil
+
         for node in reversed(self.nodes):
             self.kill_node(node, signal.SIGTERM)
         deadline = time.monotonic() + 10
@@ -275,6 +277,11 @@ class LocalRayCluster:
             time.sleep(0.2)
         for node in self.nodes:
             self.kill_node(node)
+        # Every daemon of every node names the session folder under self.root on its command line.
+        for proc in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if any(self.root in arg for arg in proc.info["cmdline"] or []):
+                    proc.kill()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def log_tail(self, node: RayNode, n: int = 4000) -> str:
