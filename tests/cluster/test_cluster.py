@@ -198,3 +198,67 @@ def test_training_function_reaches_a_node_without_its_module(cluster, s3):
     # The run reads back from S3 (as Result.from_path does for any past run).
     back = trainlib.Result.from_path(result.path)
     assert back.metrics["step"] == 3 and back.checkpoint.uri == result.checkpoint.uri
+
+
+# -- node loss: these run last, they stop nodes for good --------------------------------------------
+
+
+class StopNodeOfRankAfter(trainlib.Callback):
+    """Driver-side: after report ``step``, stop (SIGKILL) the non-head node that runs a rank, once."""
+
+    def __init__(self, cluster: LocalRayCluster, step: int):
+        self.cluster, self.step = cluster, step
+        self.stopped: str | None = None
+        self.failures: list[tuple[str, bool]] = []
+
+    def after_report(self, run, report):
+        if self.stopped or report.step != self.step:
+            return
+        ranks_on = checkpoint_state(report.checkpoint)["nodes"]
+        victim = next(n for n in self.cluster.nodes if n.ip in ranks_on and n.ip != HEAD_IP and n.alive())
+        self.cluster.kill_node(victim)
+        self.stopped = victim.ip
+
+    def after_failure(self, run, failure, will_restart):
+        self.failures.append((failure.cause, will_restart))
+
+
+def _spread_trainer(name: str, stopper: StopNodeOfRankAfter, steps: int, placement_timeout_s: float = 60.0):
+    return TorchTrainer(
+        spread_train_func, train_loop_config={"steps": steps, "sleep_s": 0.5},
+        scaling_config=trainlib.ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD",
+                                              placement_timeout_s=placement_timeout_s),
+        run_config=trainlib.RunConfig(name=name, storage_path=f"s3://{BUCKET}/runs", callbacks=[stopper],
+                                      failure_config=trainlib.FailureConfig(max_failures=1)),
+    )
+
+
+@pytest.mark.timeout(300)
+def test_node_stopped_during_training_restarts_on_the_remaining_nodes(cluster, s3):
+    """Three nodes, two ranks: the node of rank 1 is killed; the run resumes on the other two."""
+    cluster.add_node("127.0.0.4", num_cpus=1, with_code=False)
+    stopper = StopNodeOfRankAfter(cluster, step=2)
+    with connected(cluster, {"py_modules": [os.path.join(REPO_ROOT, "trainlib")]}):
+        result = _spread_trainer("node-loss-" + uuid.uuid4().hex[:6], stopper, steps=6).fit()
+    assert stopper.stopped in ("127.0.0.3", "127.0.0.4")
+    assert result.error is None, result.error
+    [(cause, will_restart)] = stopper.failures
+    assert will_restart and stopper.stopped in cause, cause
+    assert result.metrics["attempt"] == 1 and result.metrics["start_step"] >= 2
+    assert result.metrics["total"] == expected_total(6, 2)  # resumed exactly from the committed step
+    nodes = checkpoint_state(result.checkpoint)["nodes"]
+    assert stopper.stopped not in nodes and len(set(nodes)) == 2
+
+
+@pytest.mark.timeout(300)
+def test_node_stopped_without_spare_capacity_fails_with_a_clear_error(cluster, s3):
+    """Two nodes left, two STRICT_SPREAD ranks: after one node is killed the group cannot fit again."""
+    stopper = StopNodeOfRankAfter(cluster, step=2)
+    started = time.monotonic()
+    with connected(cluster, {"py_modules": [os.path.join(REPO_ROOT, "trainlib")]}):
+        with pytest.raises(trainlib.TrainlibError) as info:
+            _spread_trainer("no-room-" + uuid.uuid4().hex[:6], stopper, steps=30, placement_timeout_s=20).fit()
+    message = str(info.value)
+    assert stopper.stopped and isinstance(info.value, trainlib.ResourcesUnavailableError), message
+    assert "STRICT_SPREAD" in message or "Timed out" in message, message
+    assert time.monotonic() - started < 150
