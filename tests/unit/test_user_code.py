@@ -9,6 +9,7 @@ import textwrap
 
 import cloudpickle
 
+from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.execution.user_code import dumps_for_workers, missing_modules, user_modules
 
 LOADER = "import sys, cloudpickle; f = cloudpickle.loads(sys.stdin.buffer.read()); print(f({'x': 4}))"
@@ -48,6 +49,15 @@ def test_function_from_a_module_the_worker_lacks_is_shipped_by_value(tmp_path, m
         assert shipped.stdout.strip() == b"18"
         # The by-value registration is undone: later pickles are by reference again.
         assert "my_training" not in cloudpickle.list_registry_pickle_by_value()
+
+        # What trainlib sends its workers: the bound function, re-pickled with the missing modules.
+        bound = TrainFunction.bind(module.train_func, {"x": 5})
+        assert bound.user_modules == ("my_training", "my_helpers")
+        shipped_bound = bound.by_value(["my_training", "my_helpers"])
+        loader = "import sys, cloudpickle; print(cloudpickle.loads(sys.stdin.buffer.read()).load()())"
+        done = subprocess.run([sys.executable, "-c", loader], input=cloudpickle.dumps(shipped_bound),
+                              capture_output=True, cwd=elsewhere)
+        assert done.returncode == 0 and done.stdout.strip() == b"27", done.stderr.decode()
     finally:
         sys.modules.pop("my_training", None)
         sys.modules.pop("my_helpers", None)

@@ -33,6 +33,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from trainlib._internal import tunables
+from trainlib._internal.storage.run_record import RunStatus
 from trainlib._internal.tracking.params import params_for_logging, truncate
 from trainlib._internal.tracking.spool import Spool, describe_records
 from trainlib._internal.util.masking import redact_text, redact_url
@@ -150,6 +151,7 @@ class MLflowLogger(Callback):
         self._offline_since: float | None = None
         self._last_probe = 0.0
         self._failures = 0
+        self._saved: dict[str, Any] = {}  # the state an earlier fit() of this run saved (load_state_dict)
 
     def __getstate__(self) -> dict[str, Any]:
         # The trainer may pickle its config; a live client is not needed elsewhere.
@@ -158,6 +160,21 @@ class MLflowLogger(Callback):
         state["_spool"] = None
         return state
 
+    # -- state kept in the run record ------------------------------------------------------
+
+    @property
+    def state_key(self) -> str:
+        return STATE_KEY
+
+    def state_dict(self) -> dict[str, Any]:
+        """The MLflow run of this trainlib run, so restarts and resumes continue it."""
+        if self.run_id is None:
+            return {}
+        return {"run_id": self.run_id, "experiment_id": self.experiment_id, "tracking_uri": redact_url(self._uri)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._saved = dict(state)
+
     # -- hooks -------------------------------------------------------------------------------
 
     def before_run(self, run: RunInfo) -> None:
@@ -165,7 +182,7 @@ class MLflowLogger(Callback):
         self._client = MlflowClient(tracking_uri=self._uri)
         self._offline_since = None
         self._failures = 0
-        saved = (run.state.get("callbacks") or {}).get(STATE_KEY) or {}
+        saved, self._saved = self._saved, {}
         self._spool = Spool(self._spool_file(run))
         self.spool_path = self._spool.path
         try:
@@ -186,10 +203,6 @@ class MLflowLogger(Callback):
                 "MLFLOW_TRACKING_URI at a reachable one, or remove MLflowLogger from RunConfig.callbacks "
                 "to train without tracking."
             ) from None
-        run.state.setdefault("callbacks", {})[STATE_KEY] = {
-            "run_id": self.run_id, "experiment_id": self.experiment_id,
-            "tracking_uri": redact_url(self._uri),
-        }
         logger.info("MLflow run %s in experiment %r at %s", self.run_id, self._experiment_name(),
                     redact_url(self._uri))
 
@@ -235,9 +248,9 @@ class MLflowLogger(Callback):
             if chosen is not None:
                 self._emit({"kind": "tags", "tags": {f"trainlib.{self.log_checkpoints}_checkpoint": chosen.uri}})
                 self._emit_checkpoint(chosen)
-        failed = result.error is not None or run.state.get("status") == "FAILED"
+        failed = result.error is not None or run.record.status is RunStatus.FAILED
         if failed:
-            message = run.state.get("error") or f"{type(result.error).__name__}: {result.error}"
+            message = run.record.error or f"{type(result.error).__name__}: {result.error}"
             self._emit({"kind": "tags", "tags": {
                 "trainlib.error": truncate(redact_text(message), MAX_TAG_VAL_LENGTH)}})
         status = "FAILED" if failed else "FINISHED"
@@ -296,8 +309,8 @@ class MLflowLogger(Callback):
     def _open_run(self, run: RunInfo, saved: dict[str, Any]) -> str:
         params = params_for_logging(
             {"": run.train_loop_config, "scaling_config": run.scaling_config,
-             "checkpoint_config": run.state.get("checkpoint_config"),
-             "failure_config": run.state.get("failure_config")},
+             "checkpoint_config": run.record.checkpoint_config,
+             "failure_config": run.record.failure_config},
             MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH,
         )
         tags = {

@@ -3,28 +3,26 @@
 It checks the request against the cluster (an impossible one fails at once),
 reserves one placement-group bundle per worker with a bounded wait, starts the
 actors, lays out the ranks, and turns every actor's messages, or its death,
-into ``(rank, message)`` pairs for the controller.
+into typed messages for the controller (``messages.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
-from typing import Any, Callable
+from typing import Any
 
-import cloudpickle
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainlib._internal import tunables
-from trainlib._internal.execution import user_code
-from trainlib._internal.execution.messages import ERROR
+from trainlib._internal.execution.messages import FailedMessage, WorkerMessage, is_last
 from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
+from trainlib._internal.execution import user_code
+from trainlib._internal.execution.spec import AttemptSpec, WorkerStart
+from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
-from trainlib._internal.storage.run_storage import RunStorage
-from trainlib.checkpoint import Checkpoint
 from trainlib.config import ScalingConfig
 from trainlib.errors import ResourcesUnavailableError, WorkerError
 
@@ -34,9 +32,12 @@ logger = logging.getLogger("trainlib")
 class RayWorkerGroup:
     """The actors of one attempt. ``start_actors`` -> ``placements`` -> ``start`` -> ``wait`` ... -> ``shutdown``."""
 
-    def __init__(self, scaling: ScalingConfig, backend: WorkerBackend):
+    def __init__(self, scaling: ScalingConfig, backend: WorkerBackend, train_fn: Any,
+                 bound: TrainFunction | None = None):
         self.scaling = scaling
         self.backend = backend
+        self.train_fn = train_fn  # a Ray reference to the TrainFunction, put once per run by the trainer
+        self.bound = bound  # that TrainFunction itself: which user modules to probe the nodes for
         self._pg = None
         self._actors: list[Any] = []  # by rank once started
         self._pending: dict[Any, int] = {}  # outstanding next_messages ref -> rank
@@ -85,24 +86,20 @@ class RayWorkerGroup:
             ) from None
         return self._placements
 
-    def start(self, train_func: Callable, config: dict | None, experiment_name: str, storage: RunStorage,
-              checkpoint: Checkpoint | None, first_step: int, attempt: int) -> RankPlan:
+    def start(self, attempt: AttemptSpec) -> RankPlan:
         """Lay out ranks and start the training function on every worker."""
         placements = self._placements or self.placements()
         by_index = list(self._actors)
-        rank0 = plan_ranks(placements, experiment_name, storage.uri(), attempt, 0).order[0]
+        rank0 = plan_ranks(placements, 0).order[0]
         master_port = ray.get(by_index[rank0].find_free_port.remote())  # free on rank 0's node
-        plan = plan_ranks(placements, experiment_name, storage.uri(), attempt, master_port)
+        plan = plan_ranks(placements, master_port)
         self._actors = [by_index[i] for i in plan.order]
         self._placements = [placements[i] for i in plan.order]
         self.plan = plan
-        try:
-            train_func_ref = ray.put(self._pickle_train_func(train_func))
-        except RayActorError as exc:
-            raise self._start_failure([], exc) from None
+        train_fn = self._train_fn_for_nodes()
         refs = [
-            actor.start.remote(train_func_ref, list(sys.path), config, plan.infos[rank], storage, checkpoint,
-                               first_step, plan.envs[rank]["MASTER_ADDR"], master_port, plan.envs[rank])
+            actor.start.remote(WorkerStart(attempt=attempt, info=plan.infos[rank], env=plan.envs[rank],
+                                           train_fn=train_fn))
             for rank, actor in enumerate(self._actors)
         ]
         try:
@@ -112,32 +109,36 @@ class RayWorkerGroup:
         self._pending = {actor.next_messages.remote(): rank for rank, actor in enumerate(self._actors)}
         return plan
 
-    def _pickle_train_func(self, train_func: Callable) -> bytes:
-        """Pickle the training function; the user's modules that some node cannot import go by value."""
-        names = user_code.user_modules(train_func)
-        if not names:
-            return cloudpickle.dumps(train_func)
+    def _train_fn_for_nodes(self) -> Any:
+        """The function's reference, or, when some node cannot import the user's modules, a copy carrying them."""
+        if self.bound is None or not self.bound.user_modules:
+            return self.train_fn
         per_node = {p["node_id"]: (actor, p["node_ip"]) for actor, p in zip(self._actors, self._placements)}
-        answers = ray.get([actor.missing_modules.remote(names, list(sys.path)) for actor, _ in per_node.values()],
-                          timeout=tunables.WORKER_START_TIMEOUT_S)
+        refs = [actor.missing_modules.remote(list(self.bound.user_modules), list(self.bound.driver_sys_path))
+                for actor, _ in per_node.values()]
+        try:
+            answers = ray.get(refs, timeout=tunables.WORKER_START_TIMEOUT_S)
+        except RayActorError as exc:
+            raise self._start_failure([], exc) from None
         missing = sorted(set().union(*answers))
-        if missing:
-            lacking = [ip for (_, ip), answer in zip(per_node.values(), answers) if answer]
-            logger.info(user_code.describe(missing, lacking))
-        return user_code.dumps_for_workers(train_func, missing)
+        if not missing:
+            return self.train_fn
+        lacking = [ip for (_, ip), answer in zip(per_node.values(), answers) if answer]
+        logger.info(user_code.describe(missing, lacking))
+        return ray.put(self.bound.by_value(missing))
 
-    def wait(self) -> list[tuple[int, tuple]]:
-        """Block until some worker sends messages or dies; return them as (rank, message)."""
+    def wait(self) -> list[WorkerMessage]:
+        """Block until some worker sends messages or dies; return them in order (a death as a failure)."""
         ready, _ = ray.wait(list(self._pending), num_returns=1)
-        out = []
+        out: list[WorkerMessage] = []
         for ref in ready:
             rank = self._pending.pop(ref)
             try:
                 messages = ray.get(ref)
             except RayActorError as exc:
                 messages = [self._death_message(rank, exc)]
-            out.extend((rank, m) for m in messages)
-            if not any(m[0] in ("done", ERROR) for m in messages):
+            out.extend(messages)
+            if not any(is_last(m) for m in messages):
                 self._pending[self._actors[rank].next_messages.remote()] = rank
         return out
 
@@ -154,8 +155,8 @@ class RayWorkerGroup:
                 continue
         return WorkerError(rank=rank, cause=f"while the group was starting, {self._death_cause(rank, exc)}")
 
-    def _death_message(self, rank: int, exc: BaseException) -> tuple:
-        return (ERROR, rank, self._death_cause(rank, exc), "", None)
+    def _death_message(self, rank: int, exc: BaseException) -> FailedMessage:
+        return FailedMessage(rank=rank, cause=self._death_cause(rank, exc))
 
     def _death_cause(self, rank: int, exc: BaseException) -> str:
         p = self._placements[rank] if rank < len(self._placements) else {}
@@ -165,9 +166,9 @@ class RayWorkerGroup:
         return (f"the worker process (pid {p.get('pid')}) on node {p.get('node_ip')} died: {detail}. It may have "
                 "been killed (OOM, SIGKILL) or its node lost")
 
-    def flush(self, timeout: float) -> list[tuple[int, tuple]]:
+    def flush(self, timeout: float) -> list[WorkerMessage]:
         """After a failure: collect what the live workers still had queued, uploads included."""
-        out: list[tuple[int, tuple]] = []
+        out: list[WorkerMessage] = []
         refs = {a.flush.remote(timeout): rank for rank, a in enumerate(self._actors)}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout + 1.0)
         # Outstanding next_messages calls of ranks stuck in a collective never return: take
@@ -177,10 +178,10 @@ class RayWorkerGroup:
         for ref in ready:
             rank = refs.get(ref, self._pending.get(ref))
             try:
-                out.extend((rank, m) for m in ray.get(ref))
+                out.extend(ray.get(ref))
             except RayActorError as exc:
                 # A rank that died: the controller may pick its death as the root cause.
-                out.append((rank, self._death_message(rank, exc)))
+                out.append(self._death_message(rank, exc))
         return out
 
     def shutdown(self) -> None:

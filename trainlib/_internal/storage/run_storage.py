@@ -164,9 +164,6 @@ class RunStorage:
     def read_json(self, path: str) -> Any:
         return json.loads(with_retries(f"reading {self.uri(path)}", lambda: self.fs.cat_file(path)))
 
-    def read_run_state(self) -> dict[str, Any]:
-        return self.read_json(self.join(RUN_STATE_FILE))
-
     def list_checkpoint_dirs(self) -> list[str]:
         def ls() -> list[str]:
             self.fs.invalidate_cache(self.run_path)
