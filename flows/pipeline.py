@@ -19,7 +19,7 @@ from prefect.context import get_run_context
 from prefect_ray.context import remote_options
 
 from flows.params import PipelineParams
-from flows.task_runner import current_api_url, make_task_runner
+from flows.task_runner import check_cluster_reach, cluster_address, current_api_url, make_task_runner
 from tasks.domain.home import PipelineHome
 from tasks.domain.training_run import TrainingSettings
 from tasks.domain.urls import expand_path, join_url, mask_url
@@ -59,7 +59,8 @@ def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) ->
         epochs=params.epochs, lr=params.lr, batch_size=params.batch_size, num_workers=params.num_workers,
         use_gpu=params.use_gpu, num_to_keep=params.num_to_keep,
         checkpoint_score_attribute=params.checkpoint_score_attribute or None, max_failures=params.max_failures,
-        limit=params.limit, seed=params.seed, placement_timeout_s=params.placement_timeout_s)
+        limit=params.limit, seed=params.seed, placement_timeout_s=params.placement_timeout_s,
+        placement_strategy=params.placement_strategy)
     return PipelineRun(
         params=params, training=training, data_cache_dir=cache,
         mlflow_tracking_uri=params.mlflow_tracking_uri or home.mlflow_tracking_uri,
@@ -70,6 +71,7 @@ def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) ->
 def pipeline_steps(run: PipelineRun) -> dict[str, Any]:
     """The four steps, each a task on the Ray cluster; returns a summary with each step's seconds."""
     params = run.params
+    check_cluster_reach(current_api_url(), run.mlflow_tracking_uri, run.training.storage_path, params.mirrors)
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     staged = download_dataset.submit(params.dataset, params.mirrors, run.data_cache_dir,
@@ -116,7 +118,8 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, An
     run = resolve_run(params, flow_run_id, PipelineHome.resolve())
     logger.info("Run %s: %s on %s, %d worker(s), %d epoch(s); Ray %s; MLflow %s; storage %s", run.training.run_name,
                 params.dataset, "GPUs" if params.use_gpu else "CPUs", params.num_workers, params.epochs,
-                params.ray_address or "local", mask_url(run.mlflow_tracking_uri), mask_url(run.training.storage_path))
+                cluster_address(params.ray_address) or "local", mask_url(run.mlflow_tracking_uri),
+                mask_url(run.training.storage_path))
     steps = pipeline_steps.with_options(task_runner=make_task_runner(params.ray_address, api_url))
     summary = steps(run)
     logger.info("Done: test accuracy %.2f%%, %s version %s (%s)", 100 * summary["test_accuracy"], params.model_name,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.reachability import UnreachableFromClusterError, check_reachable, local_addresses, remote_nodes
+from tasks.domain.reachability import UnreachableFromClusterError, check_reachable, local_addresses, remote_nodes
 
 LOCAL = {"127.0.0.1", "::1", "192.168.7.10"}  # this machine, as the check sees it
 GOOD = {"prefect_api_url": "http://192.168.7.10:4200/api", "mlflow_tracking_uri": "http://mlflow.internal:5000",
@@ -53,3 +53,8 @@ def test_every_problem_is_listed_at_once():
 
 def test_this_machine_addresses_include_loopback():
     assert {"127.0.0.1"} <= local_addresses()
+
+
+def test_remote_node_refuses_local_mirror_folders():
+    message = refusal(["10.0.3.7"], mirrors=["/data/fashion-mnist", "https://mirror.example/fmnist/"])
+    assert "mirrors='/data/fashion-mnist'" in message and "https://mirror.example" not in message

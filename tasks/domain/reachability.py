@@ -3,8 +3,9 @@
 A Ray worker on another machine cannot reach this machine's loopback address,
 open this machine's SQLite file or see its local folders. When some node of the
 cluster is on another host, :func:`check_reachable` refuses a loopback Prefect
-API URL or MLflow server, a SQLite (or plain file) MLflow store and a plain
-local storage path before any work starts, and says what to use instead. Nodes
+API URL or MLflow server, a SQLite (or plain file) MLflow store, a plain local
+storage path and local mirror folders before any work starts, and says what to
+use instead. Nodes
 whose IPs belong to this machine (loopback addresses included) are local: they
 share its network and files. Prefect-free: the flow calls it with the cluster's
 node IPs.
@@ -74,7 +75,7 @@ def remote_nodes(node_ips: Iterable[str], local: set[str] | None = None) -> list
 
 
 def problems(prefect_api_url: str | None, mlflow_tracking_uri: str | None, storage_path: str | None,
-             node_hint: str) -> list[Problem]:
+             node_hint: str, mirrors: Iterable[str] = ()) -> list[Problem]:
     """What in these settings a node on another host could not reach."""
     found: list[Problem] = []
     if prefect_api_url and is_loopback(urllib.parse.urlsplit(prefect_api_url).hostname):
@@ -102,16 +103,22 @@ def problems(prefect_api_url: str | None, mlflow_tracking_uri: str | None, stora
             f"a local folder that {node_hint} cannot see. Use shared storage: s3://bucket/prefix (or gs://, "
             "abfs://), or a folder mounted at the same path on every node (NFS) written as a file:// URL, "
             "which declares it shared: file:///mnt/shared/runs."))
+    for mirror in mirrors or ():
+        if "://" not in mirror:
+            found.append(Problem(
+                "mirrors", mirror,
+                f"a local folder that {node_hint} cannot see (the download step may run there). Serve it over "
+                "http(s)://, copy it to s3://, or leave mirrors unset to use the official mirrors."))
     return found
 
 
 def check_reachable(node_ips: Iterable[str], *, prefect_api_url: str | None, mlflow_tracking_uri: str | None,
-                    storage_path: str | None, local: set[str] | None = None) -> None:
+                    storage_path: str | None, mirrors: Iterable[str] = (), local: set[str] | None = None) -> None:
     """Refuse addresses that only this machine has when the cluster has nodes on other hosts.
 
     Args:
         node_ips: the IPs of the cluster's alive nodes (``ray.nodes()``).
-        prefect_api_url, mlflow_tracking_uri, storage_path: what the run would hand the nodes.
+        prefect_api_url, mlflow_tracking_uri, storage_path, mirrors: what the run would hand the nodes.
         local: this machine's addresses (default: :func:`local_addresses`).
 
     Raises:
@@ -121,7 +128,7 @@ def check_reachable(node_ips: Iterable[str], *, prefect_api_url: str | None, mlf
     if not remote:
         return
     hint = "node " + ", ".join(remote[:5]) + (f" and {len(remote) - 5} more" if len(remote) > 5 else "")
-    found = problems(prefect_api_url, mlflow_tracking_uri, storage_path, hint)
+    found = problems(prefect_api_url, mlflow_tracking_uri, storage_path, hint, mirrors)
     if found:
         raise UnreachableFromClusterError(
             f"The Ray cluster has nodes on other hosts ({', '.join(remote[:5])}), which cannot use these "
