@@ -24,6 +24,7 @@ import pytest
 
 import trainlib
 from cluster_harness import BIN, HEAD_IP, REPO_ROOT, LocalRayCluster, can_hide_code, free_port
+from conftest import FASHION_MNIST_MIRROR
 from cluster_jobs import checkpoint_state, expected_total, spread_train_func
 from trainlib.torch import TorchTrainer
 
@@ -37,7 +38,7 @@ if NO_NAMESPACES:
 BUCKET = "trainlib-cluster"
 S3_ENV = {"AWS_ACCESS_KEY_ID": "AKIACLUSTERFAKE", "AWS_SECRET_ACCESS_KEY": "cluster-secret-" + uuid.uuid4().hex,
           "AWS_DEFAULT_REGION": "us-east-1"}
-MIRROR = os.path.abspath(os.path.join(REPO_ROOT, "..", "shared", "datasets", "fashion-mnist"))
+MIRROR = FASHION_MNIST_MIRROR
 PROJECT_MODULES = [os.path.join(REPO_ROOT, p) for p in ("trainlib", "tasks", "flows")]
 
 
@@ -198,6 +199,63 @@ def test_training_function_reaches_a_node_without_its_module(cluster, s3):
     # The run reads back from S3 (as Result.from_path does for any past run).
     back = trainlib.Result.from_path(result.path)
     assert back.metrics["step"] == 3 and back.checkpoint.uri == result.checkpoint.uri
+
+
+# -- the pipeline on the cluster --------------------------------------------------------------------
+
+SMALL = ["--epochs", "1", "--num-workers", "2", "--limit", "256", "--test-limit", "200", "--batch-size", "32"]
+needs_data = pytest.mark.skipif(not os.path.isdir(MIRROR), reason=f"the FashionMNIST mirror {MIRROR} is missing")
+
+
+def pipeline_args(services, tmp_path, model_name: str, ray_address: str) -> list[str]:
+    """`python -m flows.main` on the cluster: STRICT_SPREAD ranks, S3 storage, the MLflow server."""
+    return ["-m", "flows.main", "--mirrors", MIRROR, *SMALL, "--placement-strategy", "STRICT_SPREAD",
+            "--ray-address", ray_address, "--storage-path", f"s3://{BUCKET}/pipeline",
+            "--mlflow-tracking-uri", services["mlflow_uri"], "--model-name", model_name,
+            "--experiment-name", model_name, "--home", str(tmp_path / "home")]
+
+
+def pipeline_env(cluster, services, s3) -> dict[str, str]:
+    return cluster.driver_env(**s3, PREFECT_API_URL=services["api_url"], PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false")
+
+
+def assert_champion_loads(services, s3, model_name: str) -> None:
+    """The registered champion loads and predicts in a fresh process that never saw this repo."""
+    code = ("import mlflow; m = mlflow.pyfunc.load_model('models:/%s@champion'); "
+            "out = m.predict(m.input_example); print('PREDICTED', len(out))" % model_name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "MLFLOW_", "PREFECT_"))}
+    env.update(s3, MLFLOW_TRACKING_URI=services["mlflow_uri"])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env,
+                          cwd="/")
+    assert done.returncode == 0 and "PREDICTED" in done.stdout, done.stderr[-4000:]
+
+
+@needs_data
+@pytest.mark.timeout(480)
+def test_pipeline_on_the_cluster_by_gcs_address(cluster, services, s3, tmp_path):
+    """The whole pipeline; both nodes train (two STRICT_SPREAD ranks on two nodes), one never had the code."""
+    from mlflow import MlflowClient
+
+    model_name = "cluster-gcs"
+    done = subprocess.run([sys.executable, *pipeline_args(services, tmp_path, model_name, cluster.address)],
+                          capture_output=True, text=True, timeout=420, env=pipeline_env(cluster, services, s3),
+                          cwd=REPO_ROOT)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-8000:]
+    assert "Test accuracy" in output and f"Ray {cluster.address}" in output, output[-4000:]
+    client = MlflowClient(tracking_uri=services["mlflow_uri"])
+    champion = client.get_model_version_by_alias(model_name, "champion")
+    run = client.get_run(champion.run_id)
+    assert "test_accuracy" in run.data.metrics and "val_accuracy" in run.data.metrics
+    # The checkpoints were committed on S3, and the artifacts went through the server to S3.
+    assert run.data.tags["trainlib.run_name"] and client.get_run(champion.run_id).info.artifact_uri
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    committed = fs.glob(f"{BUCKET}/pipeline/{run.data.tags['trainlib.run_name']}/checkpoint_*/.trainlib_commit.json")
+    assert committed, fs.ls(f"{BUCKET}/pipeline")
+    assert fs.glob(f"{BUCKET}/mlartifacts/**")
+    assert_champion_loads(services, s3, model_name)
 
 
 # -- node loss: these run last, they stop nodes for good --------------------------------------------
