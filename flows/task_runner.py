@@ -11,6 +11,7 @@ runs, :func:`check_cluster_reach` refuses addresses that nodes on other hosts ca
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from typing import Any, Iterable
 
@@ -20,6 +21,7 @@ from prefect_ray import RayTaskRunner
 from tasks.domain.reachability import check_reachable
 
 PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
+RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray for a submitted job's driver
 
 
 class PrefectAPIMissingError(RuntimeError):
@@ -46,15 +48,30 @@ def project_modules() -> list[str]:
     return [os.path.dirname(os.path.abspath(importlib.import_module(name).__file__)) for name in PROJECT_PACKAGES]
 
 
+def job_runtime_env() -> dict[str, Any]:
+    """The runtime env of the Ray job whose driver this process is (``ray job submit``), else ``{}``."""
+    raw = os.environ.get(RAY_JOB_CONFIG_ENV_VAR)
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw).get("runtime_env") or {}
+    except (ValueError, AttributeError):
+        return {}
+
+
 def make_task_runner(ray_address: str | None, api_url: str) -> RayTaskRunner:
     """A RayTaskRunner for a local Ray (no address) or a cluster (``ray_address`` or ``$RAY_ADDRESS``).
 
     On a cluster the runtime environment carries the project's code, so nodes without it run the tasks.
+    Inside a Ray job, what the job's runtime env already sets is left to it: Ray refuses to merge a
+    field or environment variable given twice, and a job's ``working_dir`` already ships the code.
     """
     address = cluster_address(ray_address)
-    runtime_env: dict[str, Any] = {"env_vars": ray_worker_env(api_url)}
+    job = job_runtime_env()
+    env_vars = {k: v for k, v in ray_worker_env(api_url).items() if k not in (job.get("env_vars") or {})}
+    runtime_env: dict[str, Any] = {"env_vars": env_vars} if env_vars else {}
     init_kwargs: dict[str, Any] = {"runtime_env": runtime_env}
-    if address:
+    if address and not (job.get("working_dir") or job.get("py_modules")):
         runtime_env["py_modules"] = project_modules()
     else:
         init_kwargs["include_dashboard"] = False  # a second of start-up the embedded run does not need

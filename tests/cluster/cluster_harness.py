@@ -181,6 +181,8 @@ class LocalRayCluster:
                "--node-manager-port", str(node_manager), "--object-manager-port", str(object_manager),
                "--min-worker-port", "0", "--max-worker-port", "0"]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "PREFECT_", "MLFLOW_"))}
+        # The venv is active on every node, as an operator's node has it: `python` is its Python.
+        env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
         env.update(self.node_env, RAY_AUTH_MODE="token", RAY_USAGE_STATS_ENABLED="0",
                    # A stopped node is declared dead in ~3 s instead of ~15 s.
                    RAY_health_check_period_ms="1000", RAY_health_check_failure_threshold="3")

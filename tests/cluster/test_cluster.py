@@ -243,6 +243,7 @@ def test_pipeline_on_the_cluster_by_gcs_address(cluster, services, s3, tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-8000:]
     assert "Test accuracy" in output and f"Ray {cluster.address}" in output, output[-4000:]
+    print(next((line for line in output.splitlines() if line.startswith("Seconds per stage")), ""))
     client = MlflowClient(tracking_uri=services["mlflow_uri"])
     champion = client.get_model_version_by_alias(model_name, "champion")
     run = client.get_run(champion.run_id)
@@ -256,6 +257,28 @@ def test_pipeline_on_the_cluster_by_gcs_address(cluster, services, s3, tmp_path)
     assert committed, fs.ls(f"{BUCKET}/pipeline")
     assert fs.glob(f"{BUCKET}/mlartifacts/**")
     assert_champion_loads(services, s3, model_name)
+
+
+@needs_data
+@pytest.mark.timeout(480)
+def test_pipeline_as_a_ray_job(cluster, services, s3, tmp_path):
+    """`ray job submit --working-dir . -- python -m flows.main ...`: the job's driver finds the cluster in RAY_ADDRESS."""
+    from mlflow import MlflowClient
+
+    model_name = "cluster-job"
+    args = [a for a in pipeline_args(services, tmp_path, model_name, "unused") if a not in ("--ray-address", "unused")]
+    # The job's environment says where Prefect is; the S3 keys are the nodes' own (never in a job's env).
+    runtime_env = {"env_vars": {"PREFECT_API_URL": services["api_url"], "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "false"}}
+    done = subprocess.run(
+        [f"{BIN}/ray", "job", "submit", "--address", cluster.dashboard_url, "--working-dir", REPO_ROOT,
+         "--runtime-env-json", json.dumps(runtime_env), "--", "python", *args],
+        capture_output=True, text=True, timeout=420, env=cluster.driver_env(), cwd=REPO_ROOT)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "succeeded" in output, output[-8000:]
+    assert "Test accuracy" in output and f"Ray {cluster.address}" in output, output[-4000:]
+    print(next((line for line in output.splitlines() if line.startswith("Seconds per stage")), ""))
+    client = MlflowClient(tracking_uri=services["mlflow_uri"])
+    assert client.get_model_version_by_alias(model_name, "champion").version == "1"
 
 
 # -- node loss: these run last, they stop nodes for good --------------------------------------------
