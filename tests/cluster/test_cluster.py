@@ -232,24 +232,26 @@ def assert_champion_loads(services, s3, model_name: str) -> None:
 
 @needs_data
 @pytest.mark.timeout(480)
-def test_pipeline_on_the_cluster_by_gcs_address(cluster, services, s3, tmp_path):
-    """The whole pipeline; both nodes train (two STRICT_SPREAD ranks on two nodes), one never had the code."""
+@pytest.mark.parametrize("way_in", ["gcs", "ray_client"])
+def test_pipeline_on_the_cluster(cluster, services, s3, tmp_path, way_in):
+    """The whole pipeline by GCS address and by Ray Client (ray://); both nodes train (two STRICT_SPREAD ranks
+    on two nodes), one of which never had the code."""
     from mlflow import MlflowClient
 
-    model_name = "cluster-gcs"
-    done = subprocess.run([sys.executable, *pipeline_args(services, tmp_path, model_name, cluster.address)],
+    model_name = f"cluster-{way_in.replace('_', '-')}"
+    address = cluster.address if way_in == "gcs" else cluster.client_address
+    done = subprocess.run([sys.executable, *pipeline_args(services, tmp_path, model_name, address)],
                           capture_output=True, text=True, timeout=420, env=pipeline_env(cluster, services, s3),
                           cwd=REPO_ROOT)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-8000:]
-    assert "Test accuracy" in output and f"Ray {cluster.address}" in output, output[-4000:]
+    assert "Test accuracy" in output and f"Ray {address}" in output, output[-4000:]
     print(next((line for line in output.splitlines() if line.startswith("Seconds per stage")), ""))
     client = MlflowClient(tracking_uri=services["mlflow_uri"])
     champion = client.get_model_version_by_alias(model_name, "champion")
     run = client.get_run(champion.run_id)
     assert "test_accuracy" in run.data.metrics and "val_accuracy" in run.data.metrics
-    # The checkpoints were committed on S3, and the artifacts went through the server to S3.
-    assert run.data.tags["trainlib.run_name"] and client.get_run(champion.run_id).info.artifact_uri
+    # The checkpoints were committed on S3, and the MLflow server put the artifacts on S3.
     import fsspec
 
     fs = fsspec.filesystem("s3")
