@@ -231,7 +231,7 @@ def assert_champion_loads(services, s3, model_name: str) -> None:
 
 
 @needs_data
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("way_in", ["gcs", "ray_client"])
 def test_pipeline_on_the_cluster(cluster, services, s3, tmp_path, way_in):
     """The whole pipeline by GCS address and by Ray Client (ray://); both nodes train (two STRICT_SPREAD ranks
@@ -241,7 +241,7 @@ def test_pipeline_on_the_cluster(cluster, services, s3, tmp_path, way_in):
     model_name = f"cluster-{way_in.replace('_', '-')}"
     address = cluster.address if way_in == "gcs" else cluster.client_address
     done = subprocess.run([sys.executable, *pipeline_args(services, tmp_path, model_name, address)],
-                          capture_output=True, text=True, timeout=420, env=pipeline_env(cluster, services, s3),
+                          capture_output=True, text=True, timeout=840, env=pipeline_env(cluster, services, s3),
                           cwd=REPO_ROOT)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-8000:]
@@ -262,7 +262,7 @@ def test_pipeline_on_the_cluster(cluster, services, s3, tmp_path, way_in):
 
 
 @needs_data
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(900)
 def test_pipeline_as_a_ray_job(cluster, services, s3, tmp_path):
     """`ray job submit --working-dir . -- python -m flows.main ...`: the job's driver finds the cluster in RAY_ADDRESS."""
     from mlflow import MlflowClient
@@ -274,7 +274,7 @@ def test_pipeline_as_a_ray_job(cluster, services, s3, tmp_path):
     done = subprocess.run(
         [f"{BIN}/ray", "job", "submit", "--address", cluster.dashboard_url, "--working-dir", REPO_ROOT,
          "--runtime-env-json", json.dumps(runtime_env), "--", "python", *args],
-        capture_output=True, text=True, timeout=420, env=cluster.driver_env(), cwd=REPO_ROOT)
+        capture_output=True, text=True, timeout=840, env=cluster.driver_env(), cwd=REPO_ROOT)
     output = done.stdout + done.stderr
     assert done.returncode == 0 and "succeeded" in output, output[-8000:]
     assert "Test accuracy" in output and f"Ray {cluster.address}" in output, output[-4000:]
