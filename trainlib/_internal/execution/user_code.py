@@ -12,6 +12,7 @@ installed, or shipped with ``runtime_env={"py_modules": [...]}``.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -25,6 +26,7 @@ import cloudpickle
 _REGISTRY_LOCK = threading.Lock()  # cloudpickle's by-value registry is process-global
 
 
+@functools.lru_cache(maxsize=1)
 def _installed_roots() -> tuple[str, ...]:
     """Folders of the Python installation: stdlib and site-packages (of this venv and its base)."""
     roots = set()
