@@ -203,7 +203,7 @@ def test_training_function_reaches_a_node_without_its_module(cluster, s3):
 
 # -- the pipeline on the cluster --------------------------------------------------------------------
 
-SMALL = ["--epochs", "1", "--num-workers", "2", "--limit", "256", "--test-limit", "200", "--batch-size", "32"]
+SMALL = ["--epochs", "1", "--num-workers", "2", "--limit", "128", "--test-limit", "100", "--batch-size", "32"]
 needs_data = pytest.mark.skipif(not os.path.isdir(MIRROR), reason=f"the FashionMNIST mirror {MIRROR} is missing")
 
 
