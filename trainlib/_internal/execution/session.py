@@ -1,6 +1,6 @@
-"""The per-worker training session behind ``report``, ``get_context`` and ``get_checkpoint``.
+"""The per-worker training session behind ``report``, ``get_context`` and ``get_checkpoint``. Worker actors only.
 
-Runs in worker actors only. ``report()`` validates the metrics, copies the
+The session holds the worker's place in the group, its attempt and its device. ``report()`` validates the metrics, copies the
 checkpoint folder (straight into run storage on a local filesystem; to a local
 staging folder first for remote storage), and hands the report to one uploader
 thread, which uploads in the background and forwards reports to the driver in

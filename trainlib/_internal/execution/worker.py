@@ -99,18 +99,16 @@ class TrainWorker:
 
     def next_messages(self) -> list[WorkerMessage]:
         """Block until this worker has something for the driver; return all of it, in order."""
-        messages = [self.outbox.get()]
-        while True:
-            try:
-                messages.append(self.outbox.get_nowait())
-            except queue.Empty:
-                return messages
+        return self._drain([self.outbox.get()])
 
     def flush(self, timeout: float) -> list[WorkerMessage]:
         """After another rank failed: let pending uploads finish, then return what is queued."""
         if self.session is not None:
             self.session.wait_uploads(timeout)
-        messages = []
+        return self._drain([])
+
+    def _drain(self, messages: list[WorkerMessage]) -> list[WorkerMessage]:
+        """``messages`` and then everything queued now, in order."""
         while True:
             try:
                 messages.append(self.outbox.get_nowait())
