@@ -54,10 +54,11 @@ class StagedDataset:
     sources: dict[str, str]
 
 
-def fetch_and_stage(name: str, mirrors: list[str] | None, cache_dir: str, staging_url: str) -> StagedDataset:
+def fetch_and_stage(name: str, mirrors: list[str] | None, cache_dir: str, staging_url: str,
+                    md5s: Mapping[str, str] | None = None) -> StagedDataset:
     """Fetch ``name`` into ``cache_dir`` (from ``mirrors``, or the environment's / official ones) and
-    copy it to ``staging_url/<name>``."""
-    files = fetch_dataset(name, expand_path(cache_dir), mirrors or None)
+    copy it to ``staging_url/<name>``. ``md5s`` replaces the registry's checksums (generated data)."""
+    files = fetch_dataset(name, expand_path(cache_dir), mirrors or None, md5s=md5s)
     staged = stage_dataset(files, staging_url)
     return StagedDataset(name=files.name, staged_url=staged, md5s=dict(files.md5s), local_folder=files.folder,
                          downloaded=tuple(files.downloaded), cached=tuple(files.cached), sources=dict(files.sources))

@@ -26,7 +26,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import trainlib
 from tasks.domain.idx_files import load_fashion_mnist_split
 from tasks.domain.network import MODEL_FILE, build_model, to_inputs, unwrap
-from tasks.domain.staging import StagedDataset, fetch_staged
+from tasks.domain.dataset_fetch import fetch_dataset
+from tasks.domain.progress import ProgressMeter, ProgressSink
 from trainlib.torch import get_device, prepare_data_loader, prepare_model
 
 STATE_FILE = "train_state.pt"  # optimizer state and the epoch, beside the model in each checkpoint
@@ -53,13 +54,17 @@ def _all_reduce_sum(values: list[float]) -> list[float]:
     return tensor.cpu().tolist()
 
 
-def train_func(config: dict[str, Any]) -> None:
+def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> None:
     """The training loop every worker runs. Reports loss and validation accuracy once per epoch.
 
-    Config keys (built by ``tasks.domain.training_run.training_config``): ``staged`` (the
-    :class:`StagedDataset`), ``node_cache_dir`` (where this node keeps its verified copy),
-    ``limit`` (training images to use, None for all), ``val_fraction``, ``lr``, ``batch_size``
-    (per worker), ``epochs``, ``seed``.
+    Config keys (built by ``tasks.domain.training_run.training_config``): ``dataset``,
+    ``staged_url``, ``md5s`` (the staged copy and its checksums), ``node_cache_dir`` (where this
+    node keeps its verified copy), ``limit`` (training images to use, None for all),
+    ``val_fraction``, ``lr``, ``batch_size`` (per worker), ``epochs``, ``seed``.
+
+    ``progress``: where rank 0 tells its progress within the epoch (bound with
+    ``functools.partial``; it is a channel, not a hyperparameter, so it stays out of the config
+    that trainlib records and MLflow logs as params).
     """
     context = trainlib.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -71,8 +76,8 @@ def train_func(config: dict[str, Any]) -> None:
     optimizer = Adam(model.parameters(), lr=config["lr"])
 
     # Data: the staged copy of the data set, a validation slice held out of the training split.
-    staged: StagedDataset = config["staged"]
-    files = fetch_staged(staged, config["node_cache_dir"])
+    files = fetch_dataset(config["dataset"], config["node_cache_dir"], mirrors=[config["staged_url"]],
+                          md5s=config["md5s"])
     images, labels = load_fashion_mnist_split(files.folder, train=True, limit=config.get("limit"))
     train_idx, val_idx = split_train_val(len(labels), config["val_fraction"], config["seed"])
     inputs = to_inputs(images)
@@ -92,9 +97,14 @@ def train_func(config: dict[str, Any]) -> None:
             start_epoch = state["epoch"] + 1
 
     device = get_device()
+    meter = None
+    if rank == 0 and progress is not None:
+        meter = ProgressMeter(progress, config["epochs"], len(train_loader), world_size)
     for epoch in range(start_epoch, config["epochs"]):
         if world_size > 1:
             train_loader.sampler.set_epoch(epoch)
+        if meter:
+            meter.start_epoch(epoch)
         model.train()
         loss_sum, seen = 0.0, 0
         for batch_images, batch_labels in train_loader:
@@ -105,6 +115,8 @@ def train_func(config: dict[str, Any]) -> None:
             optimizer.step()
             loss_sum += loss.item() * len(batch_labels)
             seen += len(batch_labels)
+            if meter:
+                meter.step(len(batch_labels))
 
         model.eval()
         val_correct = val_loss = 0.0

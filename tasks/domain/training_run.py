@@ -7,20 +7,25 @@ latest committed checkpoint (``if_exists="resume"``).
 
 Example::
 
-    result, seconds = run_training(settings, staged, callbacks=[])
-    outcome = training_outcome(result, seconds, mlflow_run_id=None)
+    fit = run_training(settings, staged, callbacks=[])
+    outcome = training_outcome(fit, mlflow_run_id=None)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import time
 from typing import Any
 
 import trainlib
+from tasks.domain.progress import ProgressSink
 from tasks.domain.staging import StagedDataset
 from tasks.domain.training_loop import train_func
-from tasks.domain.urls import expand_path
+from tasks.domain.urls import expand_path, join_url
+
+logger = logging.getLogger("trainlib")
 from trainlib.torch import TorchTrainer
 
 HISTORY_KEYS = ("epoch", "loss", "val_loss", "val_accuracy")
@@ -84,28 +89,45 @@ class TrainingOutcome:
     seconds: float
 
 
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """What :func:`run_training` got from trainlib.
+
+    Attributes:
+        result: trainlib's result.
+        seconds: the wall time of ``fit()`` (0 when ``reused``).
+        reused: the run had finished before, so it was read back and nothing was trained.
+    """
+
+    result: trainlib.Result
+    seconds: float
+    reused: bool
+
+
 def training_config(settings: TrainingSettings, dataset: StagedDataset) -> dict[str, Any]:
-    """The ``train_loop_config`` of :func:`train_func` (plain values, nothing secret)."""
+    """The ``train_loop_config`` of :func:`train_func`: plain values, the same for every attempt, nothing secret."""
     return {
-        "staged": dataset, "node_cache_dir": expand_path(settings.node_cache_dir), "limit": settings.limit,
+        "dataset": dataset.name, "staged_url": dataset.staged_url, "md5s": dict(dataset.md5s),
+        "node_cache_dir": expand_path(settings.node_cache_dir), "limit": settings.limit,
         "val_fraction": settings.val_fraction, "lr": settings.lr, "batch_size": settings.batch_size,
         "epochs": settings.epochs, "seed": settings.seed,
     }
 
 
-def run_training(settings: TrainingSettings, dataset: StagedDataset, callbacks: list[trainlib.Callback]
-                 ) -> tuple[trainlib.Result, float]:
-    """Run the tutorial's training with trainlib; return the result and the seconds ``fit()`` took.
+def run_training(settings: TrainingSettings, dataset: StagedDataset, callbacks: list[trainlib.Callback],
+                 progress: ProgressSink | None = None) -> FitResult:
+    """Run the tutorial's training with trainlib, rank 0 telling ``progress`` where it is within the epoch.
 
     A run folder of the same name that exists already is continued from its latest committed
-    checkpoint, so a retried pipeline run does not start training over.
+    checkpoint, so a retried pipeline run does not start training over; a finished one is
+    read back, not trained again.
 
     Raises:
         trainlib.ResourcesUnavailableError: the cluster cannot hold ``num_workers`` workers.
         trainlib.TrainingFailedError: a worker failed more often than ``max_failures`` allows.
     """
     trainer = TorchTrainer(
-        train_func,
+        functools.partial(train_func, progress=progress),
         train_loop_config=training_config(settings, dataset),
         scaling_config=trainlib.ScalingConfig(num_workers=settings.num_workers, use_gpu=settings.use_gpu,
                                               placement_strategy=settings.placement_strategy,
@@ -119,8 +141,13 @@ def run_training(settings: TrainingSettings, dataset: StagedDataset, callbacks: 
         ),
     )
     started = time.perf_counter()
-    result = trainer.fit()
-    return result, time.perf_counter() - started
+    try:
+        result = trainer.fit()
+    except trainlib.RunExistsError:  # raised only for a FINISHED run under if_exists="resume"
+        logger.warning("Training run %s finished earlier: using its result, not training again.",
+                       settings.run_name)
+        return FitResult(trainlib.Result.from_path(join_url(settings.storage_path, settings.run_name)), 0.0, True)
+    return FitResult(result, time.perf_counter() - started, False)
 
 
 def chosen_checkpoint(result: trainlib.Result) -> trainlib.Checkpoint:
@@ -133,8 +160,9 @@ def chosen_checkpoint(result: trainlib.Result) -> trainlib.Checkpoint:
     return result.checkpoint
 
 
-def training_outcome(result: trainlib.Result, seconds: float, mlflow_run_id: str | None) -> TrainingOutcome:
+def training_outcome(fit: FitResult, mlflow_run_id: str | None) -> TrainingOutcome:
     """The :class:`TrainingOutcome` of a finished ``fit()``: the checkpoint to evaluate and the metrics history."""
+    result, seconds = fit.result, fit.seconds
     checkpoint = chosen_checkpoint(result)
     history = [] if result.metrics_dataframe is None else [
         {k: v for k, v in row.items() if k in HISTORY_KEYS} for row in result.metrics_dataframe.to_dict("records")]
