@@ -1,14 +1,19 @@
 """How the driver's cost grows with the world size: 2, 8, 16, 32 workers on one local Ray.
 
-    python bench/bench_scaling.py                            # 2 8 16 32 workers, 30 steps
+    python bench/bench_scaling.py                            # 2 8 16 32 workers, 200 steps
     python bench/bench_scaling.py --sizes 2 8 --steps 20
 
 Runs on the machine that calls it, in one driver process (this one) on an embedded Ray
 (``ray.init(address="local")``, ``--cpus`` logical CPUs). Each worker holds
 ``--cpu-per-worker`` (0.05) CPUs, so 32 workers fit on a 2-core machine; the model is a
-4x4 linear layer, each step one backward pass (gloo all-reduce of its gradients through
-DDP) and one ``trainlib.report()``, with and without a small checkpoint (rank 0's
-state_dict, ~1 KB). Per world size and mode, measured on the driver:
+4x4 linear layer, each step one update, ``--step-s`` (20 ms) of sleep standing for the rest
+of the step's compute, and one ``trainlib.report()``, with and without a
+small checkpoint (rank 0's weights, ~1 KB). ``--backend torch`` runs it as TorchTrainer
+with DDP (gloo); ``--backend plain`` (default) in NumPy without torch in the workers,
+whose ~0.65 GB each a shared 24 GB machine cannot hold 32 times (Ray's memory monitor
+kills them); the driver's work per report is the same. Ranks write their wall-clock
+marks to a folder (one machine), which the driver reads afterwards. Per world size
+and mode, measured on the driver:
 
 * ``first_step_s``: from ``fit()`` called to the last rank starting its first step
   (placement group, actor start, torch import, process group, DDP wrap);
@@ -49,39 +54,67 @@ import trainlib  # noqa: E402
 # -- the job (runs in the Ray workers) ------------------------------------------------------
 
 
+def _mark(config: dict[str, Any], name: str) -> None:
+    """Write this rank's wall-clock time for ``name`` (one machine: the driver reads the folder)."""
+    rank = trainlib.get_context().get_world_rank()
+    with open(os.path.join(config["marks_dir"], f"{name}.{rank}"), "w") as f:
+        f.write(repr(time.time()))
+
+
 def train_func(config: dict[str, Any]) -> None:
-    """Tiny DDP model; every step reports, optionally with rank 0's ~1 KB state_dict as checkpoint."""
-    import torch
-    import torch.distributed as dist
+    """A tiny model; every step one update and one report (rank 0: with a ~1 KB checkpoint if asked).
 
-    from trainlib.torch import prepare_model
+    backend "torch": a 4x4 linear layer under DDP (gloo all-reduce of the gradients);
+    backend "plain": the same update in NumPy, no torch in the worker (a fifth of the memory).
+    """
+    import numpy as np
 
-    ctx = trainlib.get_context()
-    rank = ctx.get_world_rank()
-    model = prepare_model(torch.nn.Linear(4, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(8, 4)
-    previous_report_at = 0.0
+    rank = trainlib.get_context().get_world_rank()
+    if config["backend"] == "torch":
+        import torch
+
+        from trainlib.torch import prepare_model
+
+        model = prepare_model(torch.nn.Linear(4, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(8, 4)
+
+        def update() -> bytes:
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()  # DDP all-reduces the gradients
+            opt.step()
+            return b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+    else:
+        w, x = np.random.default_rng(rank).normal(size=(4, 4)), np.ones((8, 4))
+
+        def update() -> bytes:
+            nonlocal w
+            w = w - 0.01 * (x.T @ (x @ w)) / 8
+            return w.tobytes()
+
     for step in range(1, config["steps"] + 1):
-        if step == 1:  # the last rank to get here ends the start-up
-            started = torch.tensor([time.time()], dtype=torch.float64)
-            dist.all_reduce(started, op=dist.ReduceOp.MAX)
-            first_step_at = float(started.item())
-        opt.zero_grad()
-        model(x).pow(2).mean().backward()  # DDP all-reduces the gradients
-        opt.step()
-        # The previous report's "last rank called report()" time, as every rank saw it.
-        mark = torch.tensor([previous_report_at], dtype=torch.float64)
-        dist.all_reduce(mark, op=dist.ReduceOp.MAX)
-        metrics = {"step": step, "first_step_at": first_step_at, "previous_last_report_at": float(mark.item())}
-        previous_report_at = time.time()
+        if step == 1:
+            _mark(config, "first_step")
+        state = update()
+        time.sleep(config["step_s"])  # the rest of a step's compute: reports arrive spread out, as in training
+        _mark(config, f"report_{step}")
         if config["checkpoint"] and rank == 0:
             with tempfile.TemporaryDirectory() as folder:
-                torch.save(model.module.state_dict() if hasattr(model, "module") else model.state_dict(),
-                           os.path.join(folder, "model.pt"))
-                trainlib.report(metrics, checkpoint=trainlib.Checkpoint.from_directory(folder))
+                with open(os.path.join(folder, "state.bin"), "wb") as f:
+                    f.write(state + bytes(max(0, 1024 - len(state))))
+                trainlib.report({"step": step}, checkpoint=trainlib.Checkpoint.from_directory(folder))
         else:
-            trainlib.report(metrics)
+            trainlib.report({"step": step})
+
+
+def _marks(folder: str, name: str) -> list[float]:
+    import glob
+
+    values = []
+    for path in glob.glob(os.path.join(folder, f"{name}.*")):
+        with open(path) as f:
+            values.append(float(f.read()))
+    return values
 
 
 # -- the driver side ------------------------------------------------------------------------
@@ -125,15 +158,20 @@ class PeakRss:
         self._thread.join()
 
 
-def run_one(world: int, steps: int, checkpoint: bool, cpu_per_worker: float, storage: str) -> dict[str, Any]:
+def run_one(world: int, steps: int, checkpoint: bool, cpu_per_worker: float, storage: str,
+            backend: str, step_s: float) -> dict[str, Any]:
     import psutil
 
+    from trainlib._internal.execution.trainer import DataParallelTrainer
     from trainlib.torch import TorchTrainer
 
     probe = DriverProbe()
     rss_before = psutil.Process().memory_info().rss
-    trainer = TorchTrainer(
-        train_func, train_loop_config={"steps": steps, "checkpoint": checkpoint},
+    marks_dir = tempfile.mkdtemp(prefix="marks", dir=storage)
+    trainer_cls = TorchTrainer if backend == "torch" else DataParallelTrainer
+    trainer = trainer_cls(
+        train_func, train_loop_config={"steps": steps, "checkpoint": checkpoint, "backend": backend,
+                                       "marks_dir": marks_dir, "step_s": step_s},
         scaling_config=trainlib.ScalingConfig(num_workers=world, resources_per_worker={"CPU": cpu_per_worker},
                                               placement_timeout_s=300),
         run_config=trainlib.RunConfig(name=f"scaling-{world}-{'ckpt' if checkpoint else 'metrics'}",
@@ -147,14 +185,16 @@ def run_one(world: int, steps: int, checkpoint: bool, cpu_per_worker: float, sto
     if result.error is not None:
         raise RuntimeError(f"{world} workers: {result.error}")
     commits = sorted(probe.commits)
-    first_step_s = commits[0][3]["first_step_at"] - fit_at
+    first = _marks(marks_dir, "first_step")
+    assert len(first) == world, f"{len(first)} of {world} ranks marked their first step"
+    first_step_s = max(first) - fit_at
     # Steady state: from the first committed report to the last.
     cpu_s = commits[-1][2] - commits[0][2]
     per_step_ms = 1000 * cpu_s / (len(commits) - 1)
-    lags = [1000 * (commits[i - 1][1] - commits[i][3]["previous_last_report_at"]) for i in range(1, len(commits))]
+    lags = [1000 * (wall - max(_marks(marks_dir, f"report_{step}"))) for step, wall, _, _ in commits]
     wall_per_step_ms = 1000 * (commits[-1][1] - commits[0][1]) / (len(commits) - 1)
     return {
-        "world_size": world, "checkpoint": checkpoint, "steps": steps, "fit_s": round(fit_s, 2),
+        "world_size": world, "backend": backend, "checkpoint": checkpoint, "steps": steps, "fit_s": round(fit_s, 2),
         "first_step_s": round(first_step_s, 2),
         "driver_rss_mb": round(rss.peak / 2**20, 1), "driver_rss_growth_mb": round((rss.peak - rss_before) / 2**20, 1),
         "driver_cpu_ms_per_step": round(per_step_ms, 2),
@@ -198,8 +238,8 @@ def write_results(rows: list[dict], args: argparse.Namespace, load: dict[str, li
         json.dump(out, f, indent=2)
     lines = [
         "# Driver cost as the world grows (bench/bench_scaling.py)", "",
-        f"{out['date']}, {args.cpus} logical CPUs for Ray on a {os.cpu_count()}-core machine, "
-        f"{args.cpu_per_worker} CPU per worker, {args.steps} steps, report() every step. Machine load "
+        f"{out['date']}, backend {args.backend}, {args.cpus} logical CPUs for Ray on a {os.cpu_count()}-core machine, "
+        f"{args.cpu_per_worker} CPU per worker, {args.steps} steps of {args.step_s * 1000:.0f} ms, report() every step. Machine load "
         f"(1/5/15-min load average) before: {load['before']}, after: {load['after']}: the machine is shared, "
         "so these are upper bounds.", "",
         "| workers | mode | fit() to first step (s) | driver peak RSS (MB) | driver CPU per step (ms) "
@@ -223,10 +263,14 @@ def write_results(rows: list[dict], args: argparse.Namespace, load: dict[str, li
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 8, 16, 32])
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--step-s", type=float, default=0.02, help="sleep per step in each worker (its compute)")
     parser.add_argument("--cpus", type=float, default=2)
     parser.add_argument("--cpu-per-worker", type=float, default=0.05)
     parser.add_argument("--modes", nargs="+", default=["metrics", "checkpoint"], choices=["metrics", "checkpoint"])
+    parser.add_argument("--backend", default="plain", choices=["plain", "torch"],
+                        help="plain: NumPy workers without torch (~1/5 of the memory; the driver's work is the "
+                             "same); torch: TorchTrainer with DDP")
     args = parser.parse_args()
 
     import ray
@@ -237,10 +281,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as storage:
         for world in args.sizes:
             for mode in args.modes:
-                row = run_one(world, args.steps, mode == "checkpoint", args.cpu_per_worker, storage)
+                row = run_one(world, args.steps, mode == "checkpoint", args.cpu_per_worker, storage, args.backend,
+                              args.step_s)
                 row["load"] = machine_load()
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+                write_results(rows, args, dict(load, after=row["load"]["loadavg_1_5_15"]))  # keep what is done
     ray.shutdown()
     load["after"] = machine_load()["loadavg_1_5_15"]
     write_results(rows, args, load)
