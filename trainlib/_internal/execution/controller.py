@@ -26,7 +26,7 @@ import cloudpickle
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
-from trainlib._internal.execution.spec import AttemptSpec
+from trainlib._internal.execution.spec import AttemptSpec, Placement
 from trainlib._internal.storage.commits import CommittedCheckpoint, checkpoint_dir_name
 from trainlib._internal.storage.retention import checkpoints_to_delete, warn_if_unscored
 from trainlib._internal.storage.run_record import RunStatus
@@ -45,7 +45,7 @@ class WorkerGroup(Protocol):
     plan: Any
 
     def start_actors(self) -> None: ...
-    def placements(self) -> list[dict[str, Any]]: ...
+    def placements(self) -> list[Placement]: ...
     def start(self, attempt: AttemptSpec) -> Any: ...
     def wait(self) -> list[WorkerMessage]: ...
     def flush(self, timeout: float) -> list[WorkerMessage]: ...
@@ -124,7 +124,7 @@ class Controller:
     def _run_attempt(self, group: WorkerGroup) -> WorkerError | None:
         group.start_actors()
         placements = group.placements()
-        self.num_nodes = len({p["node_id"] for p in placements})
+        self.num_nodes = len({p.node_id for p in placements})
         if self.num_nodes > 1 and not self.storage.shared:
             raise StorageError(
                 f"The workers run on {self.num_nodes} nodes but RunConfig.storage_path "

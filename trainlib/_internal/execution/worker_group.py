@@ -20,7 +20,7 @@ from trainlib._internal import tunables
 from trainlib._internal.execution.messages import FailedMessage, WorkerMessage, is_last
 from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
 from trainlib._internal.execution import user_code
-from trainlib._internal.execution.spec import AttemptSpec, WorkerStart
+from trainlib._internal.execution.spec import AttemptSpec, Placement, WorkerStart
 from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
 from trainlib.config import ScalingConfig
@@ -41,7 +41,7 @@ class RayWorkerGroup:
         self._pg = None
         self._actors: list[Any] = []  # by rank once started
         self._pending: dict[Any, int] = {}  # outstanding next_messages ref -> rank
-        self._placements: list[dict[str, Any]] = []
+        self._placements: list[Placement] = []
         self.plan: RankPlan | None = None
 
     def start_actors(self) -> None:
@@ -73,7 +73,7 @@ class RayWorkerGroup:
             for i in range(self.scaling.num_workers)
         ]
 
-    def placements(self) -> list[dict[str, Any]]:
+    def placements(self) -> list[Placement]:
         """Where each actor landed (waits for the actors to finish starting)."""
         refs = [a.describe.remote() for a in self._actors]
         try:
@@ -113,7 +113,7 @@ class RayWorkerGroup:
         """The function's reference, or, when some node cannot import the user's modules, a copy carrying them."""
         if self.bound is None or not self.bound.user_modules:
             return self.train_fn
-        per_node = {p["node_id"]: (actor, p["node_ip"]) for actor, p in zip(self._actors, self._placements)}
+        per_node = {p.node_id: (actor, p.node_ip) for actor, p in zip(self._actors, self._placements)}
         refs = [actor.missing_modules.remote(list(self.bound.user_modules), list(self.bound.driver_sys_path))
                 for actor, _ in per_node.values()]
         try:
@@ -159,11 +159,11 @@ class RayWorkerGroup:
         return FailedMessage(rank=rank, cause=self._death_cause(rank, exc))
 
     def _death_cause(self, rank: int, exc: BaseException) -> str:
-        p = self._placements[rank] if rank < len(self._placements) else {}
+        p = self._placements[rank] if rank < len(self._placements) else None
         text = str(exc).strip().splitlines()
         detail = next((line.strip() for line in text if "exit" in line.lower() or "killed" in line.lower()
                        or "OOM" in line), text[0] if text else "")
-        return (f"the worker process (pid {p.get('pid')}) on node {p.get('node_ip')} died: {detail}. It may have "
+        return (f"the worker process (pid {p.pid if p else None}) on node {p.node_ip if p else None} died: {detail}. It may have "
                 "been killed (OOM, SIGKILL) or its node lost")
 
     def flush(self, timeout: float) -> list[WorkerMessage]:
