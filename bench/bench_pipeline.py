@@ -127,12 +127,12 @@ def main() -> None:
                     experiment_name="bench", model_name=f"bench-{epochs}ep", limit=args.limit,
                     test_limit=args.test_limit))
             wall = time.perf_counter() - started
-            train_start, train_end = summary["stage_windows"]["train"]
+            train_start, train_end = summary.stage_windows["train"]
             runs.append({
                 "epochs": epochs, "limit": args.limit, "test_limit": args.test_limit, "pipeline_wall_s": wall,
-                "stage_seconds": summary["stage_seconds"], "fit_seconds": summary["fit_seconds"],
-                "overhead_beyond_fit_s": wall - summary["fit_seconds"], "test_accuracy": summary["test_accuracy"],
-                "test_loss": summary["test_loss"], "training_metrics": summary["training_metrics"],
+                "stage_seconds": summary.stage_seconds, "fit_seconds": summary.fit_seconds,
+                "overhead_beyond_fit_s": wall - summary.fit_seconds, "test_accuracy": summary.test_accuracy,
+                "test_loss": summary.test_loss, "training_metrics": summary.training_metrics,
                 "services_cpu_share_while_training": sampler.share_of_machine(train_start, train_end),
             })
             print(json.dumps(runs[-1], indent=1), flush=True)

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "false")
     print(f"Prefect server: {server.api_url} ({server.how})", flush=True)
 
-    from flows.pipeline import resolve_run, training_pipeline
+    from flows.pipeline import PipelineSummary, resolve_run, training_pipeline
 
     state = training_pipeline(params, return_state=True)
     flow_run_id = str(state.state_details.flow_run_id)
@@ -138,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     if not state.is_completed():
         print(f"\nThe pipeline ended {state.name}: {state.message}", file=sys.stderr)
         return 1
-    summary: dict[str, Any] = state.result()
-    print(f"\nTest accuracy {summary['test_accuracy']:.2%}; {summary['model_name']} version {summary['model_version']}: "
-          f"{summary['decision']}")
-    print("Seconds per stage: " + json.dumps({k: round(v, 1) for k, v in summary["stage_seconds"].items()}))
+    summary: PipelineSummary = state.result()
+    print(f"\nTest accuracy {summary.test_accuracy:.2%}; {summary.model_name} version {summary.model_version}: "
+          f"{summary.decision}")
+    print("Seconds per stage: " + json.dumps({k: round(v, 1) for k, v in summary.stage_seconds.items()}))
     return 0
 
 

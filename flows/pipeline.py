@@ -21,7 +21,7 @@ from prefect_ray.context import remote_options
 
 from flows.params import PipelineParams
 from flows.progress_display import ProgressDisplay
-from flows.task_runner import check_cluster_reach, cluster_address, current_api_url, make_task_runner
+from flows.task_runner import check_cluster_reach, cluster_address, current_api_url, make_task_runner, ray_worker_env
 from tasks.artifacts import artifact_key
 from tasks.domain.home import PipelineHome
 from tasks.domain.progress import BoardSink, ProgressBoard
@@ -67,6 +67,39 @@ class PipelineRun:
     tags: dict[str, str]
 
 
+@dataclasses.dataclass(frozen=True)
+class PipelineSummary:
+    """What one pipeline run produced, as the flow returns it.
+
+    Attributes:
+        run_path, checkpoint, mlflow_run_id: the training run's folder, the evaluated checkpoint, its MLflow run.
+        model_name, model_version, champion_version: the registered version and the champion after this run.
+        promoted, decision: whether the new version became champion, and why (a sentence).
+        test_accuracy, test_loss: the evaluation on the test split.
+        downloaded_files: data-set files fetched from a mirror by this run (empty: all from the cache).
+        training_metrics: the last report's metrics.
+        fit_seconds: trainlib's ``fit()`` wall time (0 when a finished training was read back).
+        stage_seconds: seconds per step (download, train, evaluate, register).
+        stage_windows: wall-clock (start, end) per step, for benchmarks that sample other processes.
+    """
+
+    run_path: str
+    checkpoint: str
+    mlflow_run_id: str | None
+    model_name: str
+    model_version: str
+    champion_version: str
+    promoted: bool
+    decision: str
+    test_accuracy: float
+    test_loss: float
+    downloaded_files: list[str]
+    training_metrics: dict[str, Any]
+    fit_seconds: float
+    stage_seconds: dict[str, float]
+    stage_windows: dict[str, tuple[float, float]]
+
+
 def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) -> PipelineRun:
     """Fill the unset locations from ``home`` and name the training run after the flow run."""
     run_name = params.run_name or f"{params.model_name}-{flow_run_id[:8]}"
@@ -85,8 +118,15 @@ def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) ->
 
 
 @flow(name="pipeline-steps")
-def pipeline_steps(run: PipelineRun) -> dict[str, Any]:
+def pipeline_steps(run: PipelineRun) -> PipelineSummary:
     """The four steps, each a task on the Ray cluster; returns a summary with each step's seconds."""
+    with remote_options(runtime_env={"env_vars": ray_worker_env(current_api_url())}):
+        return _run_steps(run)
+
+
+def _run_steps(run: PipelineRun) -> PipelineSummary:
+    # The task runner sets the workers' environment only when it starts Ray; a Ray this process had
+    # joined already (a notebook, a test) gets it per task, or their Prefect events would go nowhere.
     params = run.params
     check_cluster_reach(current_api_url(), run.mlflow_tracking_uri, run.training.storage_path, params.mirrors)
     seconds: dict[str, float] = {}
@@ -119,18 +159,17 @@ def pipeline_steps(run: PipelineRun) -> dict[str, Any]:
                                    run.tags).result()
     seconds["register"], windows["register"] = time.perf_counter() - started, (wall, time.time())
 
-    return {
-        "run_path": training.run_path, "checkpoint": training.checkpoint_uri, "mlflow_run_id": training.mlflow_run_id,
-        "model_name": registration.model_name, "model_version": registration.version,
-        "champion_version": registration.champion_version, "promoted": registration.decision.promote,
-        "decision": registration.decision.reason, "test_accuracy": report.accuracy, "test_loss": report.loss,
-        "downloaded_files": list(staged.downloaded), "training_metrics": training.metrics,
-        "fit_seconds": training.seconds, "stage_seconds": seconds, "stage_windows": windows,
-    }
+    return PipelineSummary(
+        run_path=training.run_path, checkpoint=training.checkpoint_uri, mlflow_run_id=training.mlflow_run_id,
+        model_name=registration.model_name, model_version=str(registration.version),
+        champion_version=str(registration.champion_version), promoted=registration.decision.promote,
+        decision=registration.decision.reason, test_accuracy=report.accuracy, test_loss=report.loss,
+        downloaded_files=list(staged.downloaded), training_metrics=training.metrics,
+        fit_seconds=training.seconds, stage_seconds=seconds, stage_windows=windows)
 
 
 @flow(name=FLOW_NAME, flow_run_name=flow_run_name, validate_parameters=True)
-def training_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, Any]:
+def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSummary:
     """Download FashionMNIST, train the tutorial's ResNet18 with trainlib on Ray, evaluate, register.
 
     Args:
@@ -149,6 +188,6 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, An
         task_runner=make_task_runner(params.ray_address, api_url), flow_run_name=f"{get_run_context().flow_run.name}-steps",
         timeout_seconds=params.train_timeout_s + OTHER_STEPS_TIMEOUT_S)
     summary = steps(run)
-    logger.info("Done: test accuracy %.2f%%, %s version %s (%s)", 100 * summary["test_accuracy"], params.model_name,
-                summary["model_version"], summary["decision"])
+    logger.info("Done: test accuracy %.2f%%, %s version %s (%s)", 100 * summary.test_accuracy, params.model_name,
+                summary.model_version, summary.decision)
     return summary

@@ -259,6 +259,9 @@ def test_main_command_and_scheduled_deployment_share_one_registry(deployed):
     assert {f"evaluation-{model_name}", f"per-class-accuracy-{model_name}", f"model-registry-{model_name}",
             f"training-progress-{model_name}", "mlflow-run-fashion-mnist"} <= set(artifacts)
     assert artifacts[f"training-progress-{model_name}"]["data"] == pytest.approx(100.0)
+    promoted = _api(services, "/events/filter", {"filter": {"event": {"name": ["trainlib.model.promoted"]}}})["events"]
+    assert any(e["resource"]["prefect.resource.id"] == f"mlflow.model.{model_name}" and
+               str(e["payload"]["version"]) == "1" for e in promoted), promoted
     link = artifacts["mlflow-run-fashion-mnist"]["data"]
     assert f"/runs/{challenger.run_id}" in link
     services["results"]["ui_run"] = (steps["id"], model_name, "fashion-mnist")
@@ -404,8 +407,14 @@ def test_failed_run_notifies_the_webhook_and_emits_training_failed(services, ray
         [body] = [b for b in receiver.bodies if flow_run["name"] in b.get("body", "")]
         assert "Failed" in body["subject"] and flow_run["name"] in body["subject"]
         assert "entered state Failed" in body["body"] and "can hold at most" in body["body"], body
-        events = _api(services, "/events/filter", {"filter": {"event": {"prefix": ["trainlib."]}}, "limit": 50})
-        failed = [e for e in events["events"] if e["event"] == "trainlib.training.failed"]
+        deadline = time.monotonic() + 60  # events travel from the task's process in the background
+        while True:
+            events = _api(services, "/events/filter", {"filter": {"event": {"name": ["trainlib.training.failed"]}},
+                                                       "limit": 50})["events"]
+            failed = [e for e in events if e["resource"]["prefect.resource.id"].startswith("trainlib.run.fmnist-alerts-")]
+            if failed or time.monotonic() > deadline:
+                break
+            time.sleep(1)
         assert failed and "can hold at most" in failed[0]["payload"]["message"]
     finally:
         receiver.shutdown()
