@@ -69,7 +69,11 @@ class PipelineParams(BaseModel):
         None, pattern=NAME_PATTERN, max_length=200,
         description="trainlib run name; a run of that name is continued (default: derived from the flow "
                     "run, so a retry continues its own training).")
-    ray_address: Optional[str] = Field(None, description="A Ray cluster (default: a local Ray for this run).")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="How the workers spread over the cluster's nodes (STRICT_SPREAD: one per node).")
+    ray_address: Optional[str] = Field(
+        None, description="A Ray cluster: its GCS address (head:6379) or ray://head:10001 (default: $RAY_ADDRESS, "
+                          "as set inside a Ray job, else a local Ray for this run).")
     placement_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for the cluster to grant "
                                                                 "the workers.")
     train_timeout_s: float = Field(6 * 3600.0, gt=0, description="The train task's timeout in seconds.")

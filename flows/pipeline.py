@@ -22,7 +22,7 @@ from prefect_ray.context import remote_options
 from flows.params import PipelineParams
 from flows.preflight import check_services
 from flows.progress_display import ProgressDisplay
-from flows.task_runner import current_api_url, make_task_runner, ray_worker_env
+from flows.task_runner import check_cluster_reach, cluster_address, current_api_url, make_task_runner, ray_worker_env
 from tasks.artifacts import artifact_key
 from tasks.domain.home import PipelineHome
 from tasks.domain.progress import BoardSink, ProgressBoard
@@ -110,7 +110,8 @@ def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) ->
         epochs=params.epochs, lr=params.lr, batch_size=params.batch_size, num_workers=params.num_workers,
         use_gpu=params.use_gpu, num_to_keep=params.num_to_keep,
         checkpoint_score_attribute=params.checkpoint_score_attribute or None, max_failures=params.max_failures,
-        limit=params.limit, seed=params.seed, placement_timeout_s=params.placement_timeout_s)
+        limit=params.limit, seed=params.seed, placement_timeout_s=params.placement_timeout_s,
+        placement_strategy=params.placement_strategy)
     return PipelineRun(
         params=params, training=training, data_cache_dir=cache,
         mlflow_tracking_uri=params.mlflow_tracking_uri or home.mlflow_tracking_uri,
@@ -128,6 +129,7 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
     # The task runner sets the workers' environment only when it starts Ray; a Ray this process had
     # joined already (a notebook, a test) gets it per task, or their Prefect events would go nowhere.
     params = run.params
+    check_cluster_reach(current_api_url(), run.mlflow_tracking_uri, run.training.storage_path, params.mirrors)
     seconds: dict[str, float] = {}
     windows: dict[str, tuple[float, float]] = {}  # wall-clock start and end of each step (for benchmarks)
     started, wall = time.perf_counter(), time.time()
@@ -181,7 +183,8 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSumm
     run = resolve_run(params, flow_run_id, PipelineHome.resolve())
     logger.info("Run %s: %s on %s, %d worker(s), %d epoch(s); Ray %s; MLflow %s; storage %s", run.training.run_name,
                 params.dataset, "GPUs" if params.use_gpu else "CPUs", params.num_workers, params.epochs,
-                params.ray_address or "local", mask_url(run.mlflow_tracking_uri), mask_url(run.training.storage_path))
+                cluster_address(params.ray_address) or "local", mask_url(run.mlflow_tracking_uri),
+                mask_url(run.training.storage_path))
     check_services(params.ray_address, run.mlflow_tracking_uri)  # seconds, before any step starts
     steps = pipeline_steps.with_options(
         task_runner=make_task_runner(params.ray_address, api_url), flow_run_name=f"{get_run_context().flow_run.name}-steps",

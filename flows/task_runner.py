@@ -2,15 +2,26 @@
 
 Every task runs on a Ray worker whose environment carries this flow's ``PREFECT_API_URL`` (and
 nothing secret), so all task runs land in the same Prefect server; ephemeral servers are
-switched off there, and trainlib's log records reach the task run logs.
+switched off there, and trainlib's log records reach the task run logs. On a cluster the
+project's code ships with the job (``runtime_env`` ``py_modules``: trainlib, tasks, flows), so
+a node needs Python with the runtime dependencies, not this repository; and before any task
+runs, :func:`check_cluster_reach` refuses addresses that nodes on other hosts cannot use.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+import json
+import os
+from typing import Any, Iterable
 
 from prefect.settings import get_current_settings
 from prefect_ray import RayTaskRunner
+
+from tasks.domain.reachability import check_reachable
+
+PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
+RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray for a submitted job's driver
 
 
 class PrefectAPIMissingError(RuntimeError):
@@ -27,13 +38,55 @@ def ray_worker_env(api_url: str) -> dict[str, str]:
             "PREFECT_LOGGING_EXTRA_LOGGERS": "trainlib"}
 
 
+def cluster_address(ray_address: str | None) -> str | None:
+    """The cluster to run on: ``ray_address``, else ``$RAY_ADDRESS`` (set inside a Ray job), else None (local)."""
+    return ray_address or os.environ.get("RAY_ADDRESS") or None
+
+
+def project_modules() -> list[str]:
+    """The folders of the project's packages, shipped to every node as ``runtime_env`` ``py_modules``."""
+    return [os.path.dirname(os.path.abspath(importlib.import_module(name).__file__)) for name in PROJECT_PACKAGES]
+
+
+def job_runtime_env() -> dict[str, Any]:
+    """The runtime env of the Ray job whose driver this process is (``ray job submit``), else ``{}``."""
+    raw = os.environ.get(RAY_JOB_CONFIG_ENV_VAR)
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw).get("runtime_env") or {}
+    except (ValueError, AttributeError):
+        return {}
+
+
 def make_task_runner(ray_address: str | None, api_url: str) -> RayTaskRunner:
-    """A RayTaskRunner for a local Ray (``ray_address`` None) or the cluster at ``ray_address``."""
-    init_kwargs: dict[str, Any] = {"runtime_env": {"env_vars": ray_worker_env(api_url)}}
-    if not ray_address:
+    """A RayTaskRunner for a local Ray (no address) or a cluster (``ray_address`` or ``$RAY_ADDRESS``).
+
+    On a cluster the runtime environment carries the project's code, so nodes without it run the tasks.
+    Inside a Ray job, what the job's runtime env already sets is left to it: Ray refuses to merge a
+    field or environment variable given twice, and a job's ``working_dir`` already ships the code.
+    """
+    address = cluster_address(ray_address)
+    job = job_runtime_env()
+    env_vars = {k: v for k, v in ray_worker_env(api_url).items() if k not in (job.get("env_vars") or {})}
+    runtime_env: dict[str, Any] = {"env_vars": env_vars} if env_vars else {}
+    init_kwargs: dict[str, Any] = {"runtime_env": runtime_env}
+    if address and not (job.get("working_dir") or job.get("py_modules")):
+        runtime_env["py_modules"] = project_modules()
+    else:
         init_kwargs["include_dashboard"] = False  # a second of start-up the embedded run does not need
     # "local" starts a new Ray; None would join the last cluster started on this machine.
-    return RayTaskRunner(address=ray_address or "local", init_kwargs=init_kwargs)
+    return RayTaskRunner(address=address or "local", init_kwargs=init_kwargs)
+
+
+def check_cluster_reach(api_url: str, mlflow_tracking_uri: str, storage_path: str,
+                        mirrors: Iterable[str] | None) -> None:
+    """With Ray connected: refuse what nodes on other hosts could not reach (see tasks.domain.reachability)."""
+    import ray
+
+    node_ips = [n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")]
+    check_reachable(node_ips, prefect_api_url=api_url, mlflow_tracking_uri=mlflow_tracking_uri,
+                    storage_path=storage_path, mirrors=mirrors or ())
 
 
 def current_api_url() -> str:

@@ -39,7 +39,7 @@ class TrainingSettings:
         run_name: the run's folder name under ``storage_path`` (and the MLflow run name).
         storage_path: where runs live (local folder or fsspec URL).
         epochs, lr, batch_size: the tutorial's knobs; ``batch_size`` is per worker.
-        num_workers, use_gpu: trainlib's ScalingConfig.
+        num_workers, use_gpu, placement_strategy: trainlib's ScalingConfig.
         num_to_keep, checkpoint_score_attribute, checkpoint_score_order: trainlib's CheckpointConfig.
         max_failures: trainlib's FailureConfig.
         limit: train on the first ``limit`` training images only (None: all 60,000).
@@ -65,6 +65,7 @@ class TrainingSettings:
     placement_timeout_s: float
     val_fraction: float = 0.1
     checkpoint_score_order: str = "max"
+    placement_strategy: str = "PACK"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +130,7 @@ def run_training(settings: TrainingSettings, dataset: StagedDataset, callbacks: 
         functools.partial(train_func, progress=progress),
         train_loop_config=training_config(settings, dataset),
         scaling_config=trainlib.ScalingConfig(num_workers=settings.num_workers, use_gpu=settings.use_gpu,
+                                              placement_strategy=settings.placement_strategy,
                                               placement_timeout_s=settings.placement_timeout_s),
         run_config=trainlib.RunConfig(
             name=settings.run_name, storage_path=settings.storage_path, callbacks=callbacks, if_exists="resume",

@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from trainlib._internal.execution import user_code
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainFunction:
@@ -24,6 +26,7 @@ class TrainFunction:
 
     payload: bytes  # cloudpickle of (function, config the user gave, config to call with or None)
     driver_sys_path: tuple[str, ...]
+    user_modules: tuple[str, ...] = ()  # the user's own modules it needs (see user_code), probed on each node
 
     @classmethod
     def bind(cls, func: Callable, config: dict | None) -> "TrainFunction":
@@ -39,7 +42,12 @@ class TrainFunction:
             payload = cloudpickle.dumps((func, config, call_config))
         except Exception as exc:  # noqa: BLE001 - narrowed to the culprit
             raise _unpicklable(func, config, exc) from None
-        return cls(payload=payload, driver_sys_path=tuple(sys.path))
+        return cls(payload=payload, driver_sys_path=tuple(sys.path),
+                   user_modules=tuple(user_code.user_modules(func)))
+
+    def by_value(self, modules: list[str]) -> "TrainFunction":
+        """The same function pickled with ``modules`` by value, for nodes that cannot import them (driver)."""
+        return dataclasses.replace(self, payload=user_code.dumps_for_workers(cloudpickle.loads(self.payload), modules))
 
     def unpack(self) -> tuple[Callable, dict | None]:
         """The function and the config as the user gave them (for ``restore``)."""
@@ -48,22 +56,29 @@ class TrainFunction:
 
     def load(self) -> Callable[[], Any]:
         """In a worker: the function ready to call with no arguments."""
-        # On the driver's node the driver's import path exists too: use it, so a function from a
-        # module next to the user's script (or a test module) imports here as it does there.
-        for entry in self.driver_sys_path:
-            if entry and entry not in sys.path and os.path.isdir(entry):
-                sys.path.append(entry)
+        extend_sys_path(self.driver_sys_path)
         try:
             func, _, call_config = cloudpickle.loads(self.payload)
         except ModuleNotFoundError as exc:
             raise ModuleNotFoundError(
-                f"{exc}: the training function refers to a module that this worker cannot import. Install it "
-                "on every node (pip install -e .), or ship it with ray.init(runtime_env={'py_modules': [...]}) "
+                f"{exc}: the training function refers to a module that this worker cannot import (trainlib "
+                "ships the function's own modules, not installed packages). Install it on every node, or ship it with ray.init(runtime_env={'py_modules': [...]}) "
                 "or {'working_dir': ...}."
             ) from exc
         if call_config is None:
             return func
         return lambda: func(call_config)
+
+
+def extend_sys_path(driver_sys_path: tuple[str, ...] | list[str]) -> None:
+    """In a worker: add the driver's import path entries that exist here.
+
+    On the driver's node the driver's import path exists too: use it, so a function from a
+    module next to the user's script (or a test module) imports here as it does there.
+    """
+    for entry in driver_sys_path:
+        if entry and entry not in sys.path and os.path.isdir(entry):
+            sys.path.append(entry)
 
 
 def _check_signature(func: Callable, config: dict | None) -> bool:

@@ -113,7 +113,8 @@ class DataParallelTrainer:
             logger.info("Run %s resumes from %s", storage.name, start_from)
         train_fn_ref = ray.put(self._train_fn)  # once per run: every worker of every attempt reads this copy
         controller = Controller(
-            storage=storage, make_worker_group=lambda: RayWorkerGroup(self.scaling_config, self.backend, train_fn_ref),
+            storage=storage,
+            make_worker_group=lambda: RayWorkerGroup(self.scaling_config, self.backend, train_fn_ref, self._train_fn),
             checkpoint_config=rc.checkpoint_config, failure_config=rc.failure_config, callbacks=rc.callbacks,
             run_info=run_info, start_checkpoint=self.resume_from_checkpoint, metrics_rows=run.metrics_rows,
             committed=run.committed, verbose=rc.verbose, lease=lease,

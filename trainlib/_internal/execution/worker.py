@@ -17,8 +17,9 @@ from typing import Any
 
 from trainlib._internal.execution.messages import WorkerMessage
 from trainlib._internal.execution.session import WorkerSession, set_session
+from trainlib._internal.execution import user_code
 from trainlib._internal.execution.spec import Placement, WorkerInfo, WorkerStart
-from trainlib._internal.execution.train_fn import TrainFunction
+from trainlib._internal.execution.train_fn import TrainFunction, extend_sys_path
 
 
 class WorkerBackend:
@@ -54,6 +55,11 @@ class TrainWorker:
         return Placement(node_id=ctx.get_node_id(), node_ip=ray.util.get_node_ip_address(),
                          hostname=socket.gethostname(), pid=os.getpid(),
                          gpu_ids=tuple(str(g) for g in accelerators.get("GPU", [])))
+
+    def missing_modules(self, names: list[str], driver_sys_path: list[str]) -> list[str]:
+        """Of the user's modules ``names``, those this worker cannot import (the driver ships them by value)."""
+        extend_sys_path(driver_sys_path)
+        return user_code.missing_modules(names)
 
     def find_free_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -22,8 +22,10 @@ from ray.util.scheduling_strategies import (
 from trainlib._internal import tunables
 from trainlib._internal.execution.messages import FailedMessage, WorkerMessage, is_last
 from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
+from trainlib._internal.execution import user_code
 from trainlib._internal.execution.spec import AttemptSpec, Placement, WorkerStart
 from trainlib._internal.execution.staging import finish_staged_uploads
+from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.config import ScalingConfig
@@ -35,10 +37,12 @@ logger = logging.getLogger("trainlib")
 class RayWorkerGroup:
     """The actors of one attempt. ``start_actors`` -> ``placements`` -> ``start`` -> ``wait`` ... -> ``shutdown``."""
 
-    def __init__(self, scaling: ScalingConfig, backend: WorkerBackend, train_fn: Any):
+    def __init__(self, scaling: ScalingConfig, backend: WorkerBackend, train_fn: Any,
+                 bound: TrainFunction | None = None):
         self.scaling = scaling
         self.backend = backend
         self.train_fn = train_fn  # a Ray reference to the TrainFunction, put once per run by the trainer
+        self.bound = bound  # that TrainFunction itself: which user modules to probe the nodes for
         self._pg = None
         self._actors: list[Any] = []  # by rank once started
         self._pending: dict[Any, int] = {}  # outstanding next_messages ref -> rank
@@ -99,9 +103,10 @@ class RayWorkerGroup:
         self._placements = [placements[i] for i in plan.order]
         self.plan = plan
         self._storage = attempt.storage
+        train_fn = self._train_fn_for_nodes()
         refs = [
             actor.start.remote(WorkerStart(attempt=attempt, info=plan.infos[rank], env=plan.envs[rank],
-                                           train_fn=self.train_fn))
+                                           train_fn=train_fn))
             for rank, actor in enumerate(self._actors)
         ]
         try:
@@ -110,6 +115,24 @@ class RayWorkerGroup:
             raise self._start_failure(refs, exc) from None
         self._pending = {actor.next_messages.remote(): rank for rank, actor in enumerate(self._actors)}
         return plan
+
+    def _train_fn_for_nodes(self) -> Any:
+        """The function's reference, or, when some node cannot import the user's modules, a copy carrying them."""
+        if self.bound is None or not self.bound.user_modules:
+            return self.train_fn
+        per_node = {p.node_id: (actor, p.node_ip) for actor, p in zip(self._actors, self._placements)}
+        refs = [actor.missing_modules.remote(list(self.bound.user_modules), list(self.bound.driver_sys_path))
+                for actor, _ in per_node.values()]
+        try:
+            answers = ray.get(refs, timeout=tunables.WORKER_START_TIMEOUT_S)
+        except RayActorError as exc:
+            raise self._start_failure([], exc) from None
+        missing = sorted(set().union(*answers))
+        if not missing:
+            return self.train_fn
+        lacking = [ip for (_, ip), answer in zip(per_node.values(), answers) if answer]
+        logger.info(user_code.describe(missing, lacking))
+        return ray.put(self.bound.by_value(missing))
 
     def wait(self, timeout: float | None = None) -> list[WorkerMessage]:
         """Wait until some worker sends messages or dies (at most ``timeout`` s); return them in order."""

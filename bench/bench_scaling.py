@@ -1,0 +1,297 @@
+"""How the driver's cost grows with the world size: 2, 8, 16, 32 workers on one local Ray.
+
+    python bench/bench_scaling.py                            # 2 8 16 32 workers, 200 steps
+    python bench/bench_scaling.py --sizes 2 8 --steps 20
+
+Runs on the machine that calls it, in one driver process (this one) on an embedded Ray
+(``ray.init(address="local")``, ``--cpus`` logical CPUs). Each worker holds
+``--cpu-per-worker`` (0.05) CPUs, so 32 workers fit on a 2-core machine; the model is a
+4x4 linear layer, each step one update, ``--step-s`` (20 ms) of sleep standing for the rest
+of the step's compute, and one ``trainlib.report()``, with and without a
+small checkpoint (rank 0's weights, ~1 KB). ``--backend torch`` runs it as TorchTrainer
+with DDP (gloo); ``--backend plain`` (default) in NumPy without torch in the workers,
+whose ~0.65 GB each a shared 24 GB machine cannot hold 32 times (Ray's memory monitor
+kills them); the driver's work per report is the same. Ranks write their wall-clock
+marks to a folder (one machine), which the driver reads afterwards. Per world size
+and mode, measured on the driver:
+
+* ``first_step_s``: from ``fit()`` called to the last rank starting its first step
+  (placement group, actor start, torch import, process group, DDP wrap);
+* ``driver_rss_mb``: the driver's peak resident memory during the run, and its growth over
+  the idle driver before the run;
+* ``driver_cpu_ms_per_step``: the driver process's CPU time (all threads: trainlib's
+  controller, Ray's core worker) from the first committed report to the last, per step
+  (one report of every rank); ``..._per_worker`` divides it by the world size;
+* ``commit_lag_ms``: from the last rank calling ``report()`` to the driver having committed
+  that report (``Callback.after_report``), median and max over the steps.
+
+The load of the machine (other processes) is recorded with the figures; on a shared
+machine they are upper bounds. Writes ``bench/results/scaling.json`` and ``.md`` with the
+growth per worker (least-squares slope) and a linear extrapolation to 512 workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "bench", "results")
+sys.path.insert(0, REPO)
+
+import trainlib  # noqa: E402
+
+
+# -- the job (runs in the Ray workers) ------------------------------------------------------
+
+
+def _mark(config: dict[str, Any], name: str) -> None:
+    """Write this rank's wall-clock time for ``name`` (one machine: the driver reads the folder)."""
+    rank = trainlib.get_context().get_world_rank()
+    with open(os.path.join(config["marks_dir"], f"{name}.{rank}"), "w") as f:
+        f.write(repr(time.time()))
+
+
+def train_func(config: dict[str, Any]) -> None:
+    """A tiny model; every step one update and one report (rank 0: with a ~1 KB checkpoint if asked).
+
+    backend "torch": a 4x4 linear layer under DDP (gloo all-reduce of the gradients);
+    backend "plain": the same update in NumPy, no torch in the worker (a fifth of the memory).
+    """
+    import numpy as np
+
+    rank = trainlib.get_context().get_world_rank()
+    if config["backend"] == "torch":
+        import torch
+
+        from trainlib.torch import prepare_model
+
+        model = prepare_model(torch.nn.Linear(4, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(8, 4)
+
+        def update() -> bytes:
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()  # DDP all-reduces the gradients
+            opt.step()
+            return b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+    else:
+        w, x = np.random.default_rng(rank).normal(size=(4, 4)), np.ones((8, 4))
+
+        def update() -> bytes:
+            nonlocal w
+            w = w - 0.01 * (x.T @ (x @ w)) / 8
+            return w.tobytes()
+
+    for step in range(1, config["steps"] + 1):
+        if step == 1:
+            _mark(config, "first_step")
+        state = update()
+        time.sleep(config["step_s"])  # the rest of a step's compute: reports arrive spread out, as in training
+        _mark(config, f"report_{step}")
+        if config["checkpoint"] and rank == 0:
+            with tempfile.TemporaryDirectory() as folder:
+                with open(os.path.join(folder, "state.bin"), "wb") as f:
+                    f.write(state + bytes(max(0, 1024 - len(state))))
+                trainlib.report({"step": step}, checkpoint=trainlib.Checkpoint.from_directory(folder))
+        else:
+            trainlib.report({"step": step})
+
+
+def _marks(folder: str, name: str) -> list[float]:
+    import glob
+
+    values = []
+    for path in glob.glob(os.path.join(folder, f"{name}.*")):
+        with open(path) as f:
+            values.append(float(f.read()))
+    return values
+
+
+# -- the driver side ------------------------------------------------------------------------
+
+
+class DriverProbe(trainlib.Callback):
+    """Records, at each committed report, the time and this process's CPU time."""
+
+    def __init__(self):
+        import psutil
+
+        self.process = psutil.Process()
+        self.commits: list[tuple[int, float, float, dict]] = []  # step, wall, cpu, metrics
+
+    def after_report(self, run, report):
+        cpu = self.process.cpu_times()
+        self.commits.append((report.step, time.time(), cpu.user + cpu.system, dict(report.metrics)))
+
+
+class PeakRss:
+    """Samples this process's resident memory every 50 ms in a thread."""
+
+    def __init__(self):
+        import psutil
+
+        self.process = psutil.Process()
+        self.peak = self.process.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, self.process.memory_info().rss)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def run_one(world: int, steps: int, checkpoint: bool, cpu_per_worker: float, storage: str,
+            backend: str, step_s: float) -> dict[str, Any]:
+    import psutil
+
+    from trainlib._internal.execution.trainer import DataParallelTrainer
+    from trainlib.torch import TorchTrainer
+
+    probe = DriverProbe()
+    rss_before = psutil.Process().memory_info().rss
+    marks_dir = tempfile.mkdtemp(prefix="marks", dir=storage)
+    trainer_cls = TorchTrainer if backend == "torch" else DataParallelTrainer
+    trainer = trainer_cls(
+        train_func, train_loop_config={"steps": steps, "checkpoint": checkpoint, "backend": backend,
+                                       "marks_dir": marks_dir, "step_s": step_s},
+        scaling_config=trainlib.ScalingConfig(num_workers=world, resources_per_worker={"CPU": cpu_per_worker},
+                                              placement_timeout_s=300),
+        run_config=trainlib.RunConfig(name=f"scaling-{world}-{'ckpt' if checkpoint else 'metrics'}",
+                                      storage_path=storage, callbacks=[probe], if_exists="overwrite",
+                                      checkpoint_config=trainlib.CheckpointConfig(num_to_keep=2)),
+    )
+    with PeakRss() as rss:
+        fit_at = time.time()
+        result = trainer.fit()
+        fit_s = time.time() - fit_at
+    if result.error is not None:
+        raise RuntimeError(f"{world} workers: {result.error}")
+    commits = sorted(probe.commits)
+    first = _marks(marks_dir, "first_step")
+    assert len(first) == world, f"{len(first)} of {world} ranks marked their first step"
+    first_step_s = max(first) - fit_at
+    # Steady state: from the first committed report to the last.
+    cpu_s = commits[-1][2] - commits[0][2]
+    per_step_ms = 1000 * cpu_s / (len(commits) - 1)
+    lags = [1000 * (wall - max(_marks(marks_dir, f"report_{step}"))) for step, wall, _, _ in commits]
+    wall_per_step_ms = 1000 * (commits[-1][1] - commits[0][1]) / (len(commits) - 1)
+    return {
+        "world_size": world, "backend": backend, "checkpoint": checkpoint, "steps": steps, "fit_s": round(fit_s, 2),
+        "first_step_s": round(first_step_s, 2),
+        "driver_rss_mb": round(rss.peak / 2**20, 1), "driver_rss_growth_mb": round((rss.peak - rss_before) / 2**20, 1),
+        "driver_cpu_ms_per_step": round(per_step_ms, 2),
+        "driver_cpu_ms_per_step_per_worker": round(per_step_ms / world, 3),
+        "wall_ms_per_step": round(wall_per_step_ms, 1),
+        "commit_lag_ms_median": round(statistics.median(lags), 1), "commit_lag_ms_max": round(max(lags), 1),
+    }
+
+
+def slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares line y = a + b x; returns (a, b)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def machine_load() -> dict[str, Any]:
+    import psutil
+
+    return {"loadavg_1_5_15": [round(v, 2) for v in os.getloadavg()], "cpus": os.cpu_count(),
+            "memory_available_gb": round(psutil.virtual_memory().available / 2**30, 1)}
+
+
+def write_results(rows: list[dict], args: argparse.Namespace, load: dict[str, list]) -> None:
+    growth: dict[str, dict] = {}
+    for checkpoint in (False, True):
+        mode = "checkpoint" if checkpoint else "metrics"
+        sel = [r for r in rows if r["checkpoint"] == checkpoint]
+        if len(sel) < 2:
+            continue
+        xs = [r["world_size"] for r in sel]
+        growth[mode] = {}
+        for key in ("first_step_s", "driver_rss_mb", "driver_cpu_ms_per_step", "commit_lag_ms_median"):
+            a, b = slope(xs, [r[key] for r in sel])
+            growth[mode][key] = {"intercept": round(a, 3), "per_worker": round(b, 4), "at_512": round(a + b * 512, 1)}
+    out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "host": platform.node(), "python": platform.python_version(), "args": vars(args),
+           "load_before_after": load, "rows": rows, "growth": growth}
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "scaling.json"), "w") as f:
+        json.dump(out, f, indent=2)
+    lines = [
+        "# Driver cost as the world grows (bench/bench_scaling.py)", "",
+        f"{out['date']}, backend {args.backend}, {args.cpus} logical CPUs for Ray on a {os.cpu_count()}-core machine, "
+        f"{args.cpu_per_worker} CPU per worker, {args.steps} steps of {args.step_s * 1000:.0f} ms, report() every step. Machine load "
+        f"(1/5/15-min load average) before: {load['before']}, after: {load['after']}: the machine is shared, "
+        "so these are upper bounds.", "",
+        "| workers | mode | fit() to first step (s) | driver peak RSS (MB) | driver CPU per step (ms) "
+        "| per worker (ms) | last report to commit, median / max (ms) | wall per step (ms) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['world_size']} | {'checkpoint' if r['checkpoint'] else 'metrics'} | {r['first_step_s']} "
+                     f"| {r['driver_rss_mb']} | {r['driver_cpu_ms_per_step']} "
+                     f"| {r['driver_cpu_ms_per_step_per_worker']} | {r['commit_lag_ms_median']} / "
+                     f"{r['commit_lag_ms_max']} | {r['wall_ms_per_step']} |")
+    lines += ["", "Growth per added worker (least-squares slope over the world sizes) and linear extrapolation "
+              "to 512 workers:", "", "| mode | quantity | per worker | at 512 workers |", "|---|---|---:|---:|"]
+    for mode, quantities in growth.items():
+        for key, g in quantities.items():
+            lines.append(f"| {mode} | {key} | {g['per_worker']} | {g['at_512']} |")
+    with open(os.path.join(RESULTS, "scaling.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 8, 16, 32])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--step-s", type=float, default=0.02, help="sleep per step in each worker (its compute)")
+    parser.add_argument("--cpus", type=float, default=2)
+    parser.add_argument("--cpu-per-worker", type=float, default=0.05)
+    parser.add_argument("--modes", nargs="+", default=["metrics", "checkpoint"], choices=["metrics", "checkpoint"])
+    parser.add_argument("--backend", default="plain", choices=["plain", "torch"],
+                        help="plain: NumPy workers without torch (~1/5 of the memory; the driver's work is the "
+                             "same); torch: TorchTrainer with DDP")
+    args = parser.parse_args()
+
+    import ray
+
+    load = {"before": machine_load()["loadavg_1_5_15"]}
+    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    rows = []
+    with tempfile.TemporaryDirectory() as storage:
+        for world in args.sizes:
+            for mode in args.modes:
+                row = run_one(world, args.steps, mode == "checkpoint", args.cpu_per_worker, storage, args.backend,
+                              args.step_s)
+                row["load"] = machine_load()
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                write_results(rows, args, dict(load, after=row["load"]["loadavg_1_5_15"]))  # keep what is done
+    ray.shutdown()
+    load["after"] = machine_load()["loadavg_1_5_15"]
+    write_results(rows, args, load)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Training functions for the cluster tests. This module exists only on the driver's machine.
+
+The node started without the code cannot import it (nor trainlib, tasks, flows):
+trainlib ships these functions by value, and the test's ``runtime_env`` ships trainlib.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+import trainlib
+
+
+def node_ips_of_all_ranks() -> list[str]:
+    """Every rank's node IP, gathered over the process group (so the group spans those nodes)."""
+    import ipaddress
+
+    import ray
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([int(ipaddress.ip_address(ray.util.get_node_ip_address()))], dtype=torch.int64)
+    everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    return [str(ipaddress.ip_address(int(t.item()))) for t in everyone]
+
+
+def spread_train_func(config):
+    """Config: steps, sleep_s. Each step all-reduces, reports and checkpoints (rank 0's state); resumable.
+
+    The checkpoint's state.json also lists every rank's node IP, in rank order.
+    """
+    import torch
+    import torch.distributed as dist
+
+    ctx = trainlib.get_context()
+    rank = ctx.get_world_rank()
+    start, total = 0, 0.0
+    checkpoint = trainlib.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            with open(os.path.join(folder, "state.json")) as f:
+                state = json.load(f)
+        start, total = state["step"], state["total"]
+    ips = node_ips_of_all_ranks()
+    for step in range(start + 1, config["steps"] + 1):
+        t = torch.tensor([float(rank + step)])
+        dist.all_reduce(t)
+        total += float(t.item())
+        time.sleep(config.get("sleep_s", 0.0))
+        metrics = {"step": step, "total": total, "start_step": start, "attempt": ctx.get_attempt(),
+                   "num_nodes": len(set(ips))}
+        with tempfile.TemporaryDirectory() as folder:
+            if rank == 0:
+                with open(os.path.join(folder, "state.json"), "w") as f:
+                    json.dump({"step": step, "total": total, "nodes": ips}, f)
+                trainlib.report(metrics, checkpoint=trainlib.Checkpoint.from_directory(folder))
+            else:
+                trainlib.report(metrics)
+
+
+def expected_total(steps: int, world_size: int) -> float:
+    """``total`` after ``steps`` steps of spread_train_func, computed on the driver."""
+    return float(sum(sum(rank + step for rank in range(world_size)) for step in range(1, steps + 1)))
+
+
+def checkpoint_state(checkpoint: trainlib.Checkpoint) -> dict:
+    """The state.json of a spread_train_func checkpoint."""
+    with checkpoint.as_directory() as folder:
+        with open(os.path.join(folder, "state.json")) as f:
+            return json.load(f)

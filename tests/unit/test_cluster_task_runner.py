@@ -1,0 +1,61 @@
+"""The flow's task runner on a cluster: code shipped as py_modules, Ray jobs respected, the reach guard wired."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from flows import task_runner
+from flows.task_runner import check_cluster_reach, cluster_address, make_task_runner, project_modules
+from tasks.domain.reachability import UnreachableFromClusterError
+
+API = "http://127.0.0.1:4200/api"
+
+
+@pytest.fixture
+def no_ray_env(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv(task_runner.RAY_JOB_CONFIG_ENV_VAR, raising=False)
+
+
+def test_local_ray_ships_nothing(no_ray_env):
+    runner = make_task_runner(None, API)
+    assert runner.address == "local"
+    assert "py_modules" not in runner.init_kwargs["runtime_env"]
+    assert runner.init_kwargs["runtime_env"]["env_vars"]["PREFECT_API_URL"] == API
+
+
+def test_cluster_gets_the_project_code(no_ray_env):
+    runner = make_task_runner("ray://head:10001", API)
+    assert runner.address == "ray://head:10001"
+    modules = runner.init_kwargs["runtime_env"]["py_modules"]
+    assert [os.path.basename(m) for m in modules] == ["trainlib", "tasks", "flows"]
+    assert all(os.path.isfile(os.path.join(m, "__init__.py")) for m in modules)
+    assert modules == project_modules()
+
+
+def test_ray_address_comes_from_the_environment_inside_a_ray_job(no_ray_env, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    assert cluster_address(None) == "10.0.0.5:6379" and cluster_address("other:6379") == "other:6379"
+    # A submitted job: its working_dir already carries the code, its env vars must not be given twice.
+    monkeypatch.setenv(task_runner.RAY_JOB_CONFIG_ENV_VAR, json.dumps(
+        {"runtime_env": {"working_dir": "gcs://_ray_pkg_x.zip", "env_vars": {"PREFECT_API_URL": API}}}))
+    runner = make_task_runner(None, API)
+    assert runner.address == "10.0.0.5:6379"
+    env = runner.init_kwargs["runtime_env"]
+    assert "py_modules" not in env and "PREFECT_API_URL" not in env["env_vars"]
+    assert env["env_vars"]["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] == "false"
+
+
+def test_reach_guard_reads_the_cluster_nodes(monkeypatch):
+    import ray
+
+    nodes = [{"NodeManagerAddress": "127.0.0.2", "Alive": True}, {"NodeManagerAddress": "10.77.0.9", "Alive": True}]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    with pytest.raises(UnreachableFromClusterError, match="10.77.0.9") as info:
+        check_cluster_reach(API, "sqlite:///x.db", "s3://bucket/runs", None)
+    assert "PREFECT_API_URL" in str(info.value) and "mlflow_tracking_uri" in str(info.value)
+    nodes[1]["Alive"] = False  # a dead node is not asked to reach anything
+    check_cluster_reach(API, "sqlite:///x.db", "/tmp/runs", ["/data/mirror"])
