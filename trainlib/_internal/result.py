@@ -8,7 +8,7 @@ from typing import Any
 
 from trainlib._internal.checkpoint import Checkpoint
 from trainlib._internal.config import CheckpointConfig
-from trainlib._internal.retention import rank_checkpoints
+from trainlib._internal.retention import best_checkpoints
 from trainlib._internal.storage import RunStorage
 
 
@@ -23,8 +23,10 @@ class Result:
         error: the exception that ended the run, or None if it finished.
         metrics_dataframe: every report as a row (``step``, ``attempt``,
             ``timestamp``, ``checkpoint`` and the metrics), or None.
-        best_checkpoints: the kept checkpoints as ``(Checkpoint, metrics)``,
-            best first (by ``checkpoint_score_attribute``, else newest first).
+        best_checkpoints: the ``num_to_keep`` best checkpoints as ``(Checkpoint, metrics)``,
+            in Ray Train's order: by ``checkpoint_score_attribute``, best last,
+            or in report order without one. The latest checkpoint that an
+            unfinished run keeps for resuming is not among them unless it is one of the best.
         filesystem: the fsspec filesystem of ``path``.
 
     Example:
@@ -52,7 +54,7 @@ class Result:
         rows = storage.read_metrics_log()
         committed = storage.committed_checkpoints()
         latest = committed[-1] if committed else None
-        best = rank_checkpoints(committed, checkpoint_config)
+        best = best_checkpoints(committed, checkpoint_config)
         return cls(
             metrics=rows[-1]["metrics"] if rows else None,
             checkpoint=Checkpoint(latest.path, storage.fs) if latest else None,

@@ -5,7 +5,21 @@ Example:
 """
 
 from trainlib.torch._backend import TorchConfig
-from trainlib.torch._prepare import get_device, prepare_data_loader, prepare_model
+from trainlib.torch._prepare import prepare_data_loader, prepare_model
 from trainlib.torch._trainer import TorchTrainer
+from trainlib.torch.amp import accelerate, backward, prepare_optimizer
+from trainlib.torch.devices import get_device, get_devices
+from trainlib.torch.reproducibility import enable_reproducibility
 
-__all__ = ["TorchConfig", "TorchTrainer", "get_device", "prepare_data_loader", "prepare_model"]
+__all__ = [
+    "TorchConfig",
+    "TorchTrainer",
+    "accelerate",
+    "backward",
+    "enable_reproducibility",
+    "get_device",
+    "get_devices",
+    "prepare_data_loader",
+    "prepare_model",
+    "prepare_optimizer",
+]
