@@ -6,11 +6,11 @@ Example:
     >>> result = TorchTrainer(train_func, scaling_config=trainlib.ScalingConfig(num_workers=2)).fit()
 """
 
-from trainlib._internal.api import get_checkpoint, get_context, report
-from trainlib._internal.callbacks import Callback, ReportRecord, RunInfo
-from trainlib._internal.checkpoint import Checkpoint
-from trainlib._internal.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from trainlib._internal.errors import (
+from trainlib.callbacks import Callback, ReportRecord, RunInfo
+from trainlib.checkpoint import Checkpoint
+from trainlib.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from trainlib.context import TrainContext, get_checkpoint, get_context, report
+from trainlib.errors import (
     ResourcesUnavailableError,
     RunExistsError,
     StorageError,
@@ -18,8 +18,7 @@ from trainlib._internal.errors import (
     TrainlibError,
     WorkerError,
 )
-from trainlib._internal.result import Result
-from trainlib._internal.session import TrainContext
+from trainlib.result import Result
 
 __version__ = "0.1.0"
 

@@ -172,7 +172,7 @@ def test_report_rejects_non_numeric_metrics(ray_session, storage_path, metrics, 
 def test_report_accepts_numpy_and_python_scalars():
     import numpy as np
 
-    from trainlib._internal.session import validate_metrics
+    from trainlib._internal.execution.session import validate_metrics
 
     clean = validate_metrics({"a": np.float32(0.5), "b": 3, "c": True, "d": np.int64(7)})
     assert clean == {"a": 0.5, "b": 3, "c": True, "d": 7}

@@ -5,16 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from trainlib._internal.tracking import (
-    REDACTED,
-    Spool,
-    describe_records,
-    flatten,
-    params_for_logging,
-    redact_text,
-    redact_url,
-    truncate,
-)
+from trainlib._internal.tracking.params import flatten, params_for_logging, truncate
+from trainlib._internal.tracking.spool import Spool, describe_records
+from trainlib._internal.util.masking import REDACTED, redact_text, redact_url
 
 
 def test_flatten_nested_config_into_dotted_keys():

@@ -12,12 +12,12 @@ import time
 import fsspec
 import pytest
 
-from trainlib._internal.callbacks import Callback, RunInfo
-from trainlib._internal.config import CheckpointConfig, FailureConfig
-from trainlib._internal.controller import Controller, FailurePolicy, RunState
-from trainlib._internal.errors import StorageError, TrainingFailedError
-from trainlib._internal.session import DONE, ERROR, REPORT
-from trainlib._internal.storage import RunStorage
+from trainlib._internal.execution.controller import Controller, FailurePolicy, RunState
+from trainlib._internal.execution.messages import DONE, ERROR, REPORT
+from trainlib._internal.storage.run_storage import RunStorage
+from trainlib.callbacks import Callback, RunInfo
+from trainlib.config import CheckpointConfig, FailureConfig
+from trainlib.errors import StorageError, TrainingFailedError
 
 
 def report(rank, step, metrics=None, manifest=None):
@@ -306,7 +306,7 @@ def test_reports_flushed_after_a_failure_still_commit(storage):
 
 
 def test_local_storage_declared_shared_runs_on_several_nodes(tmp_path):
-    from trainlib._internal.storage import declares_shared
+    from trainlib._internal.util.filesystem import declares_shared
 
     assert declares_shared("file:///mnt/nfs/runs") and not declares_shared("/mnt/nfs/runs")
     assert not declares_shared(None)
@@ -319,7 +319,7 @@ def test_local_storage_declared_shared_runs_on_several_nodes(tmp_path):
 
 
 def test_worker_error_text_shows_only_what_is_known():
-    from trainlib._internal.errors import WorkerError
+    from trainlib.errors import WorkerError
 
     assert str(WorkerError(1, "ValueError: x", node_ip="10.0.0.2")).startswith("worker rank 1 (node 10.0.0.2) failed")
     assert "(node 10.0.0.2, pid 7)" in str(WorkerError(1, "ValueError: x", node_ip="10.0.0.2", pid=7))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import trainlib
-from trainlib._internal.worker_group import check_resources, plan_ranks
+from trainlib._internal.execution.placement import check_resources, plan_ranks
 
 
 def _placement(node: str, ip: str, gpus=()):

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from trainlib._internal.config import CheckpointConfig
-from trainlib._internal.retention import best_checkpoints, checkpoints_to_delete, rank_checkpoints, warn_if_unscored
-from trainlib._internal.storage import CommittedCheckpoint
+from trainlib._internal.storage.commits import CommittedCheckpoint
+from trainlib._internal.storage.retention import best_checkpoints, checkpoints_to_delete, rank_checkpoints, warn_if_unscored
+from trainlib.config import CheckpointConfig
 
 
 def ckpts(*scores):

@@ -21,10 +21,13 @@ import fsspec
 import pytest
 
 import trainlib
-from trainlib._internal import storage as storage_mod
 from trainlib._internal import tunables
-from trainlib._internal.errors import StorageError
-from trainlib._internal.storage import COMMIT_MARKER, RUN_STATE_FILE, RunStorage, with_retries
+from trainlib._internal.storage.commits import COMMIT_MARKER
+from trainlib._internal.storage.run_record import RUN_STATE_FILE
+from trainlib._internal.storage.run_storage import RunStorage
+from trainlib._internal.util import filesystem as filesystem_mod
+from trainlib._internal.util.retry import with_retries
+from trainlib.errors import StorageError
 from trainlib.torch import TorchTrainer
 
 FILES = {"model.pt": 4000, "optim/state.pt": 2500, "meta.json": 300}
@@ -77,7 +80,7 @@ def assert_only_previous_is_valid(storage, previous_step=1, crashed_step=2):
 CHILD = textwrap.dedent("""
     import os, shutil, sys
     import fsspec
-    from trainlib._internal.storage import RunStorage
+    from trainlib._internal.storage.run_storage import RunStorage
 
     root, src, crash_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
     storage = RunStorage(fsspec.filesystem("file"), root, "run")
@@ -311,7 +314,7 @@ def test_metrics_log_on_object_storage_is_rewritten_whole(tmp_path):
 
 def test_resolve_filesystem_names_the_field_on_a_bad_url():
     with pytest.raises(StorageError, match="RunConfig.storage_path='nosuchproto://x'"):
-        storage_mod.resolve_filesystem("nosuchproto://x")
+        filesystem_mod.resolve_filesystem("nosuchproto://x")
 
 
 def test_reads_during_an_outage_raise_a_storage_error_not_a_raw_one(tmp_path, fast_retries):

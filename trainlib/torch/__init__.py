@@ -4,12 +4,12 @@ Example:
     >>> from trainlib.torch import TorchTrainer, prepare_model, prepare_data_loader
 """
 
-from trainlib.torch._backend import TorchConfig
-from trainlib.torch._prepare import prepare_data_loader, prepare_model
-from trainlib.torch._trainer import TorchTrainer
 from trainlib.torch.amp import accelerate, backward, prepare_optimizer
+from trainlib.torch.config import TorchConfig
 from trainlib.torch.devices import get_device, get_devices
+from trainlib.torch.prepare import prepare_data_loader, prepare_model
 from trainlib.torch.reproducibility import enable_reproducibility
+from trainlib.torch.trainer import TorchTrainer
 
 __all__ = [
     "TorchConfig",

@@ -2,33 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import os
 
-from trainlib._internal import tunables
-from trainlib._internal.session import WorkerInfo
-from trainlib._internal.worker import WorkerBackend
-
-
-@dataclasses.dataclass
-class TorchConfig:
-    """torch.distributed settings.
-
-    Args:
-        backend: ``"gloo"``, ``"nccl"``, or None for nccl with GPUs and gloo without.
-        timeout_s: process-group start-up and every collective fail after this
-            many seconds, so a hung collective becomes a worker failure.
-    """
-
-    backend: str | None = None
-    timeout_s: float = tunables.DEFAULT_COLLECTIVE_TIMEOUT_S
-
-    def __post_init__(self) -> None:
-        if self.backend not in (None, "gloo", "nccl"):
-            raise ValueError(f"TorchConfig.backend={self.backend!r} is invalid: use 'gloo', 'nccl' or None (auto).")
-        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
-            raise ValueError(f"TorchConfig.timeout_s={self.timeout_s!r} is invalid: use a positive number of seconds.")
+from trainlib._internal.execution.spec import WorkerInfo
+from trainlib._internal.execution.worker import WorkerBackend
+from trainlib.torch.config import TorchConfig
 
 
 class TorchBackend(WorkerBackend):

@@ -16,15 +16,17 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from trainlib._internal.callbacks import Callback, RunInfo
-from trainlib._internal.checkpoint import Checkpoint
-from trainlib._internal.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from trainlib._internal.controller import Controller
-from trainlib._internal.errors import RunExistsError, TrainingFailedError
-from trainlib._internal.result import Result
-from trainlib._internal.storage import RUN_STATE_FILE, RunStorage, declares_shared, resolve_filesystem
-from trainlib._internal.worker import WorkerBackend
-from trainlib._internal.worker_group import RayWorkerGroup
+from trainlib._internal.execution.controller import Controller
+from trainlib._internal.execution.worker import WorkerBackend
+from trainlib._internal.execution.worker_group import RayWorkerGroup
+from trainlib._internal.storage.run_record import RUN_STATE_FILE
+from trainlib._internal.storage.run_storage import RunStorage
+from trainlib._internal.util.filesystem import declares_shared, resolve_filesystem
+from trainlib.callbacks import Callback, RunInfo
+from trainlib.checkpoint import Checkpoint
+from trainlib.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from trainlib.errors import RunExistsError, TrainingFailedError
+from trainlib.result import Result
 
 logger = logging.getLogger("trainlib")
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from trainlib._internal.checkpoint import Checkpoint
-from trainlib._internal.config import RunConfig, ScalingConfig
-from trainlib._internal.trainer import DataParallelTrainer
-from trainlib.torch._backend import TorchBackend, TorchConfig
+from trainlib._internal.execution.trainer import DataParallelTrainer
+from trainlib.checkpoint import Checkpoint
+from trainlib.config import RunConfig, ScalingConfig
+from trainlib.torch._backend import TorchBackend
+from trainlib.torch.config import TorchConfig
 
 
 class TorchTrainer(DataParallelTrainer):

@@ -17,79 +17,13 @@ import shutil
 import tempfile
 import threading
 import time
-import traceback
 from typing import Any
 
 from trainlib._internal import tunables
-from trainlib._internal.checkpoint import Checkpoint
-from trainlib._internal.storage import RunStorage
-
-# Messages a worker sends to the driver, in order.
-REPORT = "report"
-DONE = "done"
-ERROR = "error"
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerInfo:
-    """Where one worker sits in the group; built by the driver, read by the worker."""
-
-    world_rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    experiment_name: str
-    run_path: str
-    attempt: int
-
-
-class TrainContext:
-    """What a worker knows about its run: ranks, sizes, names. Get it with ``get_context()``."""
-
-    def __init__(self, info: WorkerInfo):
-        self._info = info
-
-    def get_world_size(self) -> int:
-        """Number of workers in the group."""
-        return self._info.world_size
-
-    def get_world_rank(self) -> int:
-        """This worker's rank among all workers, 0 to world size - 1."""
-        return self._info.world_rank
-
-    def get_local_rank(self) -> int:
-        """This worker's rank among the workers on its node."""
-        return self._info.local_rank
-
-    def get_local_world_size(self) -> int:
-        """Number of workers on this worker's node."""
-        return self._info.local_world_size
-
-    def get_node_rank(self) -> int:
-        """The rank of this worker's node among the group's nodes."""
-        return self._info.node_rank
-
-    def get_experiment_name(self) -> str:
-        """The run's name (``RunConfig.name``)."""
-        return self._info.experiment_name
-
-    def get_trial_name(self) -> str:
-        """Same as :meth:`get_experiment_name` (Ray Train v1 compatibility)."""
-        return self._info.experiment_name
-
-    def get_run_path(self) -> str:
-        """The run's folder in storage."""
-        return self._info.run_path
-
-    def get_attempt(self) -> int:
-        """0 for the first attempt; then one more per restart, and per re-run of the same run (resume)."""
-        return self._info.attempt
-
-    def __repr__(self) -> str:
-        i = self._info
-        return (f"TrainContext(world_rank={i.world_rank}, world_size={i.world_size}, local_rank={i.local_rank}, "
-                f"node_rank={i.node_rank}, experiment_name={i.experiment_name!r})")
+from trainlib._internal.execution.messages import DONE, REPORT, error_message
+from trainlib._internal.execution.spec import WorkerInfo
+from trainlib._internal.storage.run_storage import RunStorage
+from trainlib.checkpoint import Checkpoint
 
 
 def validate_metrics(metrics: Any) -> dict[str, float | int]:
@@ -134,7 +68,6 @@ class WorkerSession:
     def __init__(self, info: WorkerInfo, storage: RunStorage, start_checkpoint: Checkpoint | None, first_step: int,
                  outbox: "queue.Queue[tuple]"):
         self.info = info
-        self.context = TrainContext(info)
         self.storage = storage
         self.start_checkpoint = start_checkpoint
         self.next_step = first_step
@@ -211,24 +144,17 @@ class WorkerSession:
                 self._uploads.task_done()
 
 
-def error_message(rank: int, exc: BaseException) -> tuple:
-    """The ERROR message for ``exc``: its text, traceback and (if picklable) the exception itself."""
-    import cloudpickle
-
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        payload = cloudpickle.dumps(exc)
-    except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text only
-        payload = None
-    return (ERROR, rank, f"{type(exc).__name__}: {exc}", text, payload)
-
-
 _session: WorkerSession | None = None
 
 
 def set_session(session: WorkerSession | None) -> None:
     global _session
     _session = session
+
+
+def current_session() -> WorkerSession | None:
+    """This worker's session, or None outside a training worker."""
+    return _session
 
 
 def get_session(caller: str) -> WorkerSession:

@@ -16,9 +16,10 @@ import sys
 import threading
 from typing import Any, Callable
 
-from trainlib._internal.checkpoint import Checkpoint
-from trainlib._internal.session import WorkerInfo, WorkerSession, set_session
-from trainlib._internal.storage import RunStorage
+from trainlib._internal.execution.session import WorkerSession, set_session
+from trainlib._internal.execution.spec import WorkerInfo
+from trainlib._internal.storage.run_storage import RunStorage
+from trainlib.checkpoint import Checkpoint
 
 
 class WorkerBackend:

@@ -8,9 +8,7 @@ into ``(rank, message)`` pairs for the controller.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import sys
 from typing import Any, Callable
 
@@ -21,108 +19,15 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainlib._internal import tunables
-from trainlib._internal.checkpoint import Checkpoint
-from trainlib._internal.config import ScalingConfig
-from trainlib._internal.errors import ResourcesUnavailableError, WorkerError
-from trainlib._internal.session import ERROR, WorkerInfo
-from trainlib._internal.storage import RunStorage
-from trainlib._internal.worker import TrainWorker, WorkerBackend
+from trainlib._internal.execution.messages import ERROR
+from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
+from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
+from trainlib._internal.storage.run_storage import RunStorage
+from trainlib.checkpoint import Checkpoint
+from trainlib.config import ScalingConfig
+from trainlib.errors import ResourcesUnavailableError, WorkerError
 
 logger = logging.getLogger("trainlib")
-
-
-def _fmt(resources: dict[str, float]) -> str:
-    shown = {k: (int(v) if float(v).is_integer() else round(v, 2)) for k, v in sorted(resources.items())
-             if k in ("CPU", "GPU", "memory") or not k.startswith(("node:", "accelerator_type", "object_store"))}
-    shown.pop("memory", None)
-    return "{" + ", ".join(f"{k}: {v}" for k, v in shown.items()) + "}"
-
-
-def check_resources(scaling: ScalingConfig, nodes: list[dict[str, Any]]) -> None:
-    """Fail at once when the cluster's nodes can never hold the worker group."""
-    per_worker = scaling.worker_resources
-    alive = [n for n in nodes if n.get("Alive", True)]
-
-    def workers_on(node: dict[str, Any]) -> int:
-        have = node.get("Resources", {})
-        return min(int(math.floor(have.get(k, 0) / v + 1e-9)) for k, v in per_worker.items())
-
-    capacity = [workers_on(n) for n in alive]
-    cluster = _fmt({k: sum(n.get("Resources", {}).get(k, 0) for n in alive) for k in
-                    set().union(*(n.get("Resources", {}) for n in alive)) | set(per_worker)})
-    fix = ("lower ScalingConfig.num_workers or resources_per_worker"
-           + (", or set use_gpu=False" if scaling.use_gpu else "")
-           + ", or connect to a bigger Ray cluster (ray.init(address=...) / RAY_ADDRESS)")
-    if not any(capacity):
-        raise ResourcesUnavailableError(
-            f"Each worker asks for {_fmt(per_worker)}, but no node of the Ray cluster has that much "
-            f"(the cluster has {cluster} over {len(alive)} node(s)): {fix}."
-        )
-    if scaling.placement_strategy == "STRICT_PACK":
-        fits = max(capacity)
-    elif scaling.placement_strategy == "STRICT_SPREAD":
-        fits = sum(1 for c in capacity if c)
-    else:
-        fits = sum(capacity)
-    if fits < scaling.num_workers:
-        raise ResourcesUnavailableError(
-            f"ScalingConfig asks for {scaling.num_workers} workers x {_fmt(per_worker)} "
-            f"({scaling.placement_strategy}), but the cluster has {cluster} over {len(alive)} node(s) and "
-            f"can hold at most {fits} such workers: {fix}."
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class RankPlan:
-    """The rank layout of a started group: ``order[rank]`` is the actor index of that rank."""
-
-    order: list[int]
-    infos: list[WorkerInfo]
-    envs: list[dict[str, str]]
-    node_ips: list[str]
-    num_nodes: int
-
-
-def plan_ranks(placements: list[dict[str, Any]], experiment_name: str, run_path: str, attempt: int,
-               master_port: int) -> RankPlan:
-    """Give ranks so each node's workers are contiguous; set torchrun's environment and the GPUs."""
-    nodes: list[str] = []
-    for p in placements:
-        if p["node_id"] not in nodes:
-            nodes.append(p["node_id"])
-    order = sorted(range(len(placements)), key=lambda i: (nodes.index(placements[i]["node_id"]), i))
-    world_size = len(placements)
-    master_addr = placements[order[0]]["node_ip"]
-    by_node = {n: [i for i in order if placements[i]["node_id"] == n] for n in nodes}
-    infos, envs = [], []
-    for rank, index in enumerate(order):
-        p = placements[index]
-        peers = by_node[p["node_id"]]
-        local_rank = peers.index(index)
-        env = {
-            "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank),
-            "LOCAL_WORLD_SIZE": str(len(peers)), "NODE_RANK": str(nodes.index(p["node_id"])),
-            "GROUP_RANK": str(nodes.index(p["node_id"])),
-            "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-        }
-        gpu_index = None
-        if p["gpu_ids"]:
-            # Every worker of a node sees all the node's group GPUs (nccl needs peer access);
-            # each one uses the GPU that Ray gave it.
-            node_gpus = sorted({g for i in peers for g in placements[i]["gpu_ids"]}, key=_gpu_sort_key)
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(node_gpus)
-            gpu_index = node_gpus.index(p["gpu_ids"][0])
-        env["TRAINLIB_GPU_INDEX"] = "" if gpu_index is None else str(gpu_index)
-        infos.append(WorkerInfo(world_rank=rank, world_size=world_size, local_rank=local_rank,
-                                local_world_size=len(peers), node_rank=nodes.index(p["node_id"]),
-                                experiment_name=experiment_name, run_path=run_path, attempt=attempt))
-        envs.append(env)
-    return RankPlan(order=order, infos=infos, envs=envs, node_ips=[placements[i]["node_ip"] for i in order],
-                    num_nodes=len(nodes))
-
-
-def _gpu_sort_key(gpu_id: str) -> tuple[int, str]:
-    return (int(gpu_id), "") if gpu_id.isdigit() else (1 << 30, gpu_id)
 
 
 class RayWorkerGroup:
@@ -144,12 +49,12 @@ class RayWorkerGroup:
         self._pg = placement_group(bundles, strategy=self.scaling.placement_strategy, name="trainlib-workers")
         ready, _ = ray.wait([self._pg.ready()], timeout=self.scaling.placement_timeout_s)
         if not ready:
-            available = _fmt(ray.available_resources())
-            total = _fmt(ray.cluster_resources())
+            available = format_resources(ray.available_resources())
+            total = format_resources(ray.cluster_resources())
             self.shutdown()
             raise ResourcesUnavailableError(
                 f"Timed out after {self.scaling.placement_timeout_s:.0f}s waiting for {self.scaling.num_workers} "
-                f"workers x {_fmt(self.scaling.worker_resources)}: the cluster has {total} in all but only "
+                f"workers x {format_resources(self.scaling.worker_resources)}: the cluster has {total} in all but only "
                 f"{available} free; other tasks or actors hold the rest. Free them, lower the request, or raise "
                 "ScalingConfig.placement_timeout_s if the cluster is scaling up."
             )

@@ -12,9 +12,9 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainlib._internal.checkpoint import Checkpoint
-    from trainlib._internal.errors import WorkerError
-    from trainlib._internal.result import Result
+    from trainlib.checkpoint import Checkpoint
+    from trainlib.errors import WorkerError
+    from trainlib.result import Result
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,13 +24,14 @@ from typing import Any, Callable, Protocol
 import cloudpickle
 
 from trainlib._internal import tunables
-from trainlib._internal.callbacks import Callback, ReportRecord, RunInfo
-from trainlib._internal.checkpoint import Checkpoint
-from trainlib._internal.config import CheckpointConfig, FailureConfig
-from trainlib._internal.errors import StorageError, TrainingFailedError, WorkerError
-from trainlib._internal.retention import checkpoints_to_delete, warn_if_unscored
-from trainlib._internal.session import DONE, ERROR, REPORT
-from trainlib._internal.storage import CommittedCheckpoint, RunStorage, checkpoint_dir_name
+from trainlib._internal.execution.messages import DONE, ERROR, REPORT
+from trainlib._internal.storage.commits import CommittedCheckpoint, checkpoint_dir_name
+from trainlib._internal.storage.retention import checkpoints_to_delete, warn_if_unscored
+from trainlib._internal.storage.run_storage import RunStorage
+from trainlib.callbacks import Callback, ReportRecord, RunInfo
+from trainlib.checkpoint import Checkpoint
+from trainlib.config import CheckpointConfig, FailureConfig
+from trainlib.errors import StorageError, TrainingFailedError, WorkerError
 
 logger = logging.getLogger("trainlib")
 

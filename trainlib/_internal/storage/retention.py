@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import math
 
-from trainlib._internal.config import CheckpointConfig
-from trainlib._internal.storage import CommittedCheckpoint
+from trainlib._internal.storage.commits import CommittedCheckpoint
+from trainlib.config import CheckpointConfig
 
 logger = logging.getLogger("trainlib")
 

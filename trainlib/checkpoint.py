@@ -10,7 +10,9 @@ from typing import Any, Iterator
 
 import fsspec
 
-from trainlib._internal.storage import COMMIT_MARKER, is_local_filesystem, with_retries
+from trainlib._internal.storage.commits import COMMIT_MARKER
+from trainlib._internal.util.filesystem import is_local_filesystem
+from trainlib._internal.util.retry import with_retries
 
 
 class Checkpoint:

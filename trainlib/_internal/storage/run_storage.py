@@ -19,105 +19,29 @@ previous checkpoints or the new complete one.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import posixpath
-import random
 import time
 import uuid
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import fsspec
 
-from trainlib._internal import tunables
-from trainlib._internal.errors import StorageError
+from trainlib._internal.storage.commits import (
+    CHECKPOINT_PREFIX,
+    COMMIT_MARKER,
+    CommittedCheckpoint,
+    checkpoint_dir_name,
+)
+from trainlib._internal.storage.run_record import RUN_STATE_FILE
+from trainlib._internal.util.filesystem import declares_shared, is_local_filesystem, resolve_filesystem
+from trainlib._internal.util.retry import with_retries
 
 logger = logging.getLogger("trainlib")
 
-RUN_STATE_FILE = "trainlib_run.json"
 METRICS_FILE = "metrics.jsonl"
-COMMIT_MARKER = ".trainlib_commit.json"
-CHECKPOINT_PREFIX = "checkpoint_"
-DEFAULT_STORAGE_PATH = "~/trainlib_results"
-
-T = TypeVar("T")
-
-
-def checkpoint_dir_name(step: int) -> str:
-    return f"{CHECKPOINT_PREFIX}{step:06d}"
-
-
-def is_local_filesystem(fs: fsspec.AbstractFileSystem) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")
-
-
-def resolve_filesystem(storage_path: str | os.PathLike | None, filesystem: Any = None,
-                       storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Return the fsspec filesystem and the path inside it for a storage path or URL."""
-    path = os.fspath(storage_path) if storage_path is not None else DEFAULT_STORAGE_PATH
-    if filesystem is not None:
-        return filesystem, filesystem._strip_protocol(path)
-    if "://" not in path:
-        path = os.path.abspath(os.path.expanduser(path))
-    try:
-        fs, inner = fsspec.core.url_to_fs(path, **(storage_options or {}))
-    except (ImportError, ValueError) as exc:
-        raise StorageError(
-            f"RunConfig.storage_path={path!r} cannot be opened: {exc}. Use a local folder or an "
-            "fsspec URL whose package is installed (s3:// needs s3fs)."
-        ) from None
-    return fs, inner
-
-
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return False
-    return isinstance(exc, (OSError, ConnectionError, TimeoutError)) or type(exc).__module__.startswith(
-        ("botocore", "aiobotocore", "urllib3", "aiohttp")
-    )
-
-
-def with_retries(what: str, func: Callable[[], T]) -> T:
-    """Run ``func``; retry transient I/O errors with backoff, then raise StorageError."""
-    delay = tunables.STORAGE_RETRY_BASE_DELAY_S
-    for attempt in range(1, tunables.STORAGE_RETRY_ATTEMPTS + 1):
-        try:
-            return func()
-        except Exception as exc:  # noqa: BLE001 - classified below
-            if not _is_transient(exc):
-                raise
-            if attempt == tunables.STORAGE_RETRY_ATTEMPTS:
-                raise StorageError(
-                    f"{what} failed after {attempt} attempts: {type(exc).__name__}: {exc}. Check that the "
-                    "storage is reachable (endpoint, network, bucket) and retry."
-                ) from None
-            logger.warning("%s failed (%s: %s); retrying in %.1fs (attempt %d of %d)", what,
-                           type(exc).__name__, exc, delay, attempt, tunables.STORAGE_RETRY_ATTEMPTS)
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, tunables.STORAGE_RETRY_MAX_DELAY_S)
-    raise AssertionError("unreachable")
-
-
-@dataclasses.dataclass(frozen=True)
-class CommittedCheckpoint:
-    """A checkpoint whose commit marker was found and verified."""
-
-    step: int
-    path: str
-    metrics: dict[str, Any]
-    committed_at: float
-
-
-def declares_shared(storage_path: str | os.PathLike | None) -> bool:
-    """Whether a local ``storage_path`` is declared shared by every node: written as a ``file://`` URL.
-
-    A plain path (``/data/runs``) is taken as one machine's disk; ``file:///mnt/nfs/runs``
-    says "this path is the same storage on every node" (an NFS or other shared mount).
-    """
-    return storage_path is not None and os.fspath(storage_path).startswith("file://")
 
 
 class RunStorage:

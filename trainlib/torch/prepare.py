@@ -13,14 +13,14 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
-from trainlib._internal import session as _session
+from trainlib._internal.execution.session import current_session
 from trainlib.torch import amp, reproducibility
 from trainlib.torch.devices import get_device
 from trainlib.torch.fsdp import shard_model
 
 
 def _world() -> tuple[int, int]:
-    s = _session._session
+    s = current_session()
     if s is None:
         return 0, 1
     return s.info.world_rank, s.info.world_size

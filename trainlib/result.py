@@ -6,10 +6,10 @@ import dataclasses
 import os
 from typing import Any
 
-from trainlib._internal.checkpoint import Checkpoint
-from trainlib._internal.config import CheckpointConfig
-from trainlib._internal.retention import best_checkpoints
-from trainlib._internal.storage import RunStorage
+from trainlib._internal.storage.retention import best_checkpoints
+from trainlib._internal.storage.run_storage import RunStorage
+from trainlib.checkpoint import Checkpoint
+from trainlib.config import CheckpointConfig
 
 
 @dataclasses.dataclass
@@ -81,7 +81,7 @@ class Result:
         config = CheckpointConfig(**state.get("checkpoint_config", {}))
         error = None
         if state.get("status") == "FAILED":
-            from trainlib._internal.errors import TrainlibError
+            from trainlib.errors import TrainlibError
 
             error = TrainlibError(state.get("error") or "the run failed")
         return cls.from_storage(storage, config, error)

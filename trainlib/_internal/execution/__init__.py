@@ -1,0 +1,1 @@
+"""Running a job: trainer -> controller -> worker group -> worker actors -> sessions. Driver and workers."""

@@ -1,0 +1,23 @@
+"""Messages a worker sends to the driver, in order: reports, then done or failed. Built in workers, read on the driver."""
+
+from __future__ import annotations
+
+import traceback
+
+# Messages a worker sends to the driver, in order.
+REPORT = "report"
+DONE = "done"
+ERROR = "error"
+
+
+
+def error_message(rank: int, exc: BaseException) -> tuple:
+    """The ERROR message for ``exc``: its text, traceback and (if picklable) the exception itself."""
+    import cloudpickle
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        payload = cloudpickle.dumps(exc)
+    except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text only
+        payload = None
+    return (ERROR, rank, f"{type(exc).__name__}: {exc}", text, payload)

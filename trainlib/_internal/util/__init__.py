@@ -1,0 +1,1 @@
+"""Small helpers shared by the rest of trainlib, each defined once. Driver and workers."""

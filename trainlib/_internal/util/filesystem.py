@@ -1,0 +1,44 @@
+"""fsspec filesystem resolution: a storage path or URL -> (filesystem, path). Driver and workers."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import fsspec
+
+from trainlib.errors import StorageError
+
+DEFAULT_STORAGE_PATH = "~/trainlib_results"
+
+
+def is_local_filesystem(fs: fsspec.AbstractFileSystem) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+def resolve_filesystem(storage_path: str | os.PathLike | None, filesystem: Any = None,
+                       storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """Return the fsspec filesystem and the path inside it for a storage path or URL."""
+    path = os.fspath(storage_path) if storage_path is not None else DEFAULT_STORAGE_PATH
+    if filesystem is not None:
+        return filesystem, filesystem._strip_protocol(path)
+    if "://" not in path:
+        path = os.path.abspath(os.path.expanduser(path))
+    try:
+        fs, inner = fsspec.core.url_to_fs(path, **(storage_options or {}))
+    except (ImportError, ValueError) as exc:
+        raise StorageError(
+            f"RunConfig.storage_path={path!r} cannot be opened: {exc}. Use a local folder or an "
+            "fsspec URL whose package is installed (s3:// needs s3fs)."
+        ) from None
+    return fs, inner
+
+
+def declares_shared(storage_path: str | os.PathLike | None) -> bool:
+    """Whether a local ``storage_path`` is declared shared by every node: written as a ``file://`` URL.
+
+    A plain path (``/data/runs``) is taken as one machine's disk; ``file:///mnt/nfs/runs``
+    says "this path is the same storage on every node" (an NFS or other shared mount).
+    """
+    return storage_path is not None and os.fspath(storage_path).startswith("file://")
