@@ -13,7 +13,7 @@ import enum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainlib._internal.checkpoint import Checkpoint
+    from trainlib.checkpoint import Checkpoint
 
 
 class CheckpointUploadMode(enum.Enum):

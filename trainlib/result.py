@@ -27,7 +27,8 @@ class Result:
             in Ray Train's order: by ``checkpoint_score_attribute``, best last,
             or in report order without one. The latest checkpoint that an
             unfinished run keeps for resuming is not among them unless it is one of the best.
-        filesystem: the fsspec filesystem of ``path``.
+        filesystem: the filesystem of ``path``: the one given as ``storage_filesystem``
+            (fsspec or ``pyarrow.fs``), else the fsspec filesystem of the storage URL.
 
     Example:
         >>> result = trainer.fit()
@@ -48,7 +49,7 @@ class Result:
 
     @classmethod
     def from_storage(cls, storage: RunStorage, checkpoint_config: CheckpointConfig,
-                     error: BaseException | None = None) -> "Result":
+                     error: BaseException | None = None, filesystem: Any = None) -> "Result":
         import pandas as pd
 
         rows = storage.read_metrics_log()
@@ -65,7 +66,7 @@ class Result:
                   "checkpoint": r.get("checkpoint")} for r in rows]
             ) if rows else None,
             best_checkpoints=[(Checkpoint(c.path, storage.fs), c.metrics) for c in best],
-            filesystem=storage.fs,
+            filesystem=filesystem if filesystem is not None else storage.fs,
         )
 
     @classmethod
@@ -84,4 +85,4 @@ class Result:
             from trainlib.errors import TrainlibError
 
             error = TrainlibError(state.get("error") or "the run failed")
-        return cls.from_storage(storage, config, error)
+        return cls.from_storage(storage, config, error, filesystem=storage_filesystem)

@@ -30,3 +30,9 @@ MLFLOW_HTTP_BACKOFF_FACTOR = 1
 MLFLOW_HTTP_TIMEOUT_S = 10
 # While the server is unreachable, try it again at most this often (one bounded probe).
 MLFLOW_RECONNECT_INTERVAL_S = 5.0
+
+# get_all_reported_checkpoints() polls the run's metrics log this often while it waits for commits.
+COMMIT_POLL_INTERVAL_S = 0.1
+
+# How often the driver asks Ray which nodes it is draining (a preemption of the run's nodes).
+PREEMPTION_POLL_INTERVAL_S = 1.0

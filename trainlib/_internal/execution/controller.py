@@ -19,19 +19,22 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import posixpath
 from typing import Any, Callable, Protocol
 
 import cloudpickle
 
 from trainlib._internal import tunables
-from trainlib._internal.execution.messages import DONE, ERROR, REPORT
-from trainlib._internal.storage.commits import CommittedCheckpoint, checkpoint_dir_name
+from trainlib._internal.execution.commit import commit_folder, write_metadata
+from trainlib._internal.execution.messages import DONE, ERROR, REPORT, CheckpointPlacement
+from trainlib._internal.execution.monitor import PreemptionWatcher, ScalingPolicy
+from trainlib._internal.storage.commits import CommittedCheckpoint
 from trainlib._internal.storage.retention import checkpoints_to_delete, warn_if_unscored
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig, FailureConfig
-from trainlib.errors import StorageError, TrainingFailedError, WorkerError
+from trainlib.errors import StorageError, WorkerError, WorkerGroupError
 
 logger = logging.getLogger("trainlib")
 
@@ -51,7 +54,7 @@ class WorkerGroup(Protocol):
     def placements(self) -> list[dict[str, Any]]: ...
     def start(self, train_func: Callable, config: dict | None, experiment_name: str, storage: RunStorage,
               checkpoint: Checkpoint | None, first_step: int, attempt: int) -> Any: ...
-    def wait(self) -> list[tuple[int, tuple]]: ...
+    def wait(self, timeout: float | None = None) -> list[tuple[int, tuple]]: ...
     def flush(self, timeout: float) -> list[tuple[int, tuple]]: ...
     def shutdown(self) -> None: ...
 
@@ -66,11 +69,16 @@ class FailurePolicy:
         return self.max_failures < 0 or failures_so_far <= self.max_failures
 
 
+# _collect's answer when the group should restart bigger (an elastic run that found room).
+RESIZE = "resize"
+
+
 @dataclasses.dataclass
 class _RankReport:
     metrics: dict[str, Any]
     manifest: dict[str, int] | None
     reported_at: float
+    placement: CheckpointPlacement | None = None
 
 
 class Controller:
@@ -80,13 +88,20 @@ class Controller:
                  make_worker_group: Callable[[], WorkerGroup], checkpoint_config: CheckpointConfig,
                  failure_config: FailureConfig, callbacks: list[Callback], run_info: RunInfo,
                  start_checkpoint: Checkpoint | None = None, metrics_rows: list[dict[str, Any]] | None = None,
-                 committed: list[CommittedCheckpoint] | None = None, verbose: bool = True):
+                 committed: list[CommittedCheckpoint] | None = None, verbose: bool = True,
+                 scaling_policy: ScalingPolicy | None = None, metadata: dict[str, Any] | None = None):
         self.train_func = train_func
         self.train_loop_config = train_loop_config
         self.storage = storage
         self.make_worker_group = make_worker_group
         self.checkpoint_config = checkpoint_config
         self.policy = FailurePolicy(failure_config.max_failures)
+        self.preemption_policy = FailurePolicy(failure_config.max_preemption_failures)
+        self.scaling_policy = scaling_policy
+        self.watcher = PreemptionWatcher() if scaling_policy is not None else None
+        self.metadata = metadata
+        self.preemptions: list[WorkerError] = []
+        self.last_failures: list[WorkerError] = []  # every rank's failure in the last failed attempt
         self.callbacks = callbacks
         self.run_info = run_info
         self.external_checkpoint = start_checkpoint
@@ -99,6 +114,7 @@ class Controller:
         # earlier driver runs and of this one never share an attempt number.
         self.attempt = 1 + max((int(r.get("attempt", 0)) for r in self.metrics_rows), default=-1)
         self.num_nodes = 1
+        self._node_ids: list[str] = []
 
     # -- the state machine -------------------------------------------------------
 
@@ -116,14 +132,22 @@ class Controller:
             if failure is None:
                 self.state = RunState.FINISHED
                 return
-            self.failures.append(failure)
-            will_restart = self.policy.should_restart(len(self.failures))
+            self.state = RunState.RESTARTING
+            self.attempt += 1
+            if failure == RESIZE:
+                continue
+            preempted = self.watcher is not None and self.watcher.caused(failure, self._node_ids)
+            if preempted and self.preemption_policy.max_failures != 0:
+                self.preemptions.append(failure)
+                will_restart = self.preemption_policy.should_restart(len(self.preemptions))
+            else:
+                self.failures.append(failure)
+                will_restart = self.policy.should_restart(len(self.failures))
             self._notify("after_failure", self.run_info, failure, will_restart)
             if not will_restart:
                 self.state = RunState.ERRORED
-                raise TrainingFailedError(self.failures, self.policy.max_failures)
-            self.state = RunState.RESTARTING
-            self.attempt += 1
+                raise WorkerGroupError(self.failures or self.preemptions, self.policy.max_failures,
+                                       {f.rank: f.__cause__ or f for f in self.last_failures or [failure]})
             latest = self.latest_checkpoint()
             logger.warning("Worker rank %d failed (%s); restarting the group (restart %d%s) from %s.",
                            failure.rank, failure.cause, len(self.failures),
@@ -153,6 +177,7 @@ class Controller:
         plan = group.start(self.train_func, self.train_loop_config, self.storage.name, self.storage,
                            self.latest_checkpoint(), first_step, self.attempt)
         world_size = len(placements)
+        self._node_ids = [placements[i]["node_id"] for i in getattr(plan, "order", range(world_size))]
         self.state = RunState.RUNNING
         return self._collect(group, world_size, plan)
 
@@ -160,7 +185,12 @@ class Controller:
         pending: dict[int, dict[int, _RankReport]] = {}
         done: set[int] = set()
         while len(done) < world_size:
-            for rank, message in group.wait():
+            messages = group.wait(self._poll_interval(world_size)) if self.scaling_policy else group.wait()
+            if not messages and self.scaling_policy is not None:
+                self.watcher.check(group)
+                if self.scaling_policy.should_grow(world_size):
+                    return RESIZE
+            for rank, message in messages:
                 kind = message[0]
                 if kind == REPORT:
                     self._add_report(pending, world_size, rank, message)
@@ -174,6 +204,7 @@ class Controller:
                             self._add_report(pending, world_size, other, late)
                         elif late[0] == ERROR:
                             failures.append(self._worker_error(late, plan))
+                    self.last_failures = failures
                     return root_cause(failures)
         if pending:
             # Every rank's last step this attempt (committed steps were reported by all ranks).
@@ -202,27 +233,38 @@ class Controller:
 
     # -- reports -----------------------------------------------------------------
 
+    def _poll_interval(self, world_size: int) -> float:
+        growth = self.scaling_policy.poll_interval(world_size)
+        return min(self.watcher.poll_interval() or tunables.PREEMPTION_POLL_INTERVAL_S,
+                   growth if growth is not None else float("inf"))
+
     def _add_report(self, pending: dict[int, dict[int, _RankReport]], world_size: int, rank: int,
                     message: tuple) -> None:
-        _, _, step, metrics, manifest, reported_at = message
-        pending.setdefault(step, {})[rank] = _RankReport(metrics, manifest, reported_at)
+        _, _, step, metrics, manifest, reported_at, *rest = message
+        pending.setdefault(step, {})[rank] = _RankReport(metrics, manifest, reported_at, rest[0] if rest else None)
         if len(pending[step]) == world_size:
             self._commit(step, pending.pop(step))
 
     def _commit(self, step: int, ranks: dict[int, _RankReport]) -> None:
         metrics = ranks[0].metrics
         manifests = [r.manifest for r in ranks.values() if r.manifest is not None]
+        placements = [r.placement for r in ranks.values() if r.placement is not None]
         checkpoint = None
-        if manifests:
+        if manifests or placements:
+            dir_name = commit_folder(step, placements)
+            path = self.storage.checkpoint_path(step, dir_name)
             merged: dict[str, int] = {}
             for manifest in manifests:
                 merged.update(manifest)
-            committed = self.storage.commit_checkpoint(step, metrics, merged)
+            if any(p.in_place for p in placements):  # written by the user: complete now that every rank reported
+                merged.update(self.storage.list_files(path))
+            write_metadata(self.storage, path, self.metadata, merged)
+            committed = self.storage.commit_checkpoint(step, metrics, merged, dir_name)
             self.committed = [c for c in self.committed if c.step != step] + [committed]
             warn_if_unscored(committed, self.checkpoint_config)
             checkpoint = Checkpoint(committed.path, self.storage.fs)
         row = {"step": step, "attempt": self.attempt, "time": max(r.reported_at for r in ranks.values()),
-               "checkpoint": checkpoint_dir_name(step) if checkpoint else None, "metrics": metrics}
+               "checkpoint": posixpath.basename(checkpoint.path) if checkpoint else None, "metrics": metrics}
         self.metrics_rows.append(row)
         self.storage.append_metrics_row(row, self.metrics_rows)
         if checkpoint is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 
 # Messages a worker sends to the driver, in order.
@@ -9,6 +10,13 @@ REPORT = "report"
 DONE = "done"
 ERROR = "error"
 
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointPlacement:
+    """Where a rank's checkpoint files of one report went (the last field of a REPORT message)."""
+
+    dir_name: str  # the checkpoint's folder in the run folder
+    in_place: bool = False  # written there by the user (NO_UPLOAD, checkpoint_upload_fn): list it at commit
 
 
 def error_message(rank: int, exc: BaseException) -> tuple:

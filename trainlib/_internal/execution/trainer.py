@@ -7,7 +7,6 @@ worker backend.
 from __future__ import annotations
 
 import datetime
-import inspect
 import logging
 import os
 import time
@@ -17,15 +16,20 @@ from typing import Any, Callable
 import cloudpickle
 
 from trainlib._internal.execution.controller import Controller
+from trainlib._internal.execution.monitor import ScalingPolicy
+from trainlib._internal.execution.placement import available_workers
+from trainlib._internal.execution.validation import check_metadata, check_picklable, check_train_func
 from trainlib._internal.execution.worker import WorkerBackend
-from trainlib._internal.execution.worker_group import RayWorkerGroup
+from trainlib._internal.execution.worker_group import GroupData, RayWorkerGroup
+from trainlib._internal.storage.retention import checkpoints_to_delete
 from trainlib._internal.storage.run_record import RUN_STATE_FILE
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib._internal.util.filesystem import declares_shared, resolve_filesystem
 from trainlib.callbacks import Callback, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from trainlib.errors import RunExistsError, TrainingFailedError
+from trainlib.data import DataConfig, check_datasets
+from trainlib.errors import ControllerError, RunExistsError, TrainlibError
 from trainlib.result import Result
 
 logger = logging.getLogger("trainlib")
@@ -54,74 +58,51 @@ def ensure_ray() -> None:
         ray.init(address="local", include_dashboard=False, log_to_driver=True)
 
 
-def _check_train_func(func: Callable, config: dict | None) -> bool:
-    """Validate the training function against the config; return whether it takes the config."""
-    if not callable(func):
-        raise TypeError(f"train_loop_per_worker must be a function, got {type(func).__name__}.")
-    params = list(inspect.signature(func).parameters.values())
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = [p for p in positional if p.default is p.empty]
-    takes_varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
-    name = getattr(func, "__name__", "train_loop_per_worker")
-    if len(required) > 1:
-        raise TypeError(
-            f"train_loop_per_worker {name}{inspect.signature(func)} has {len(required)} required arguments; it "
-            "may take at most one, the config dict: def train_func(config): ..."
-        )
-    if config is not None and not positional and not takes_varargs:
-        raise TypeError(
-            f"train_loop_config was given but train_loop_per_worker {name}() takes no arguments: define it "
-            "as def train_func(config): ... to receive the config, or drop train_loop_config."
-        )
-    return bool(positional) or takes_varargs
-
-
-def _check_picklable(what: str, value: Any) -> None:
-    try:
-        cloudpickle.dumps(value)
-        return
-    except Exception as exc:  # noqa: BLE001 - narrowed to the culprit below
-        error = exc
-    if isinstance(value, dict):
-        for key, item in value.items():
-            try:
-                cloudpickle.dumps(item)
-            except Exception as exc:  # noqa: BLE001
-                raise TypeError(
-                    f"{what}[{key!r}] ({type(item).__name__}) cannot be serialised to send to the workers: "
-                    f"{exc}. Pass plain values (numbers, strings, lists, dicts) and build objects such as "
-                    "models, data loaders or locks inside train_loop_per_worker."
-                ) from None
-    raise TypeError(
-        f"{what} cannot be serialised to send to the workers: {error}. Make it a plain module-level "
-        "function and build unpicklable objects (locks, open files, clients) inside it."
-    ) from None
-
-
 def default_run_name(prefix: str) -> str:
     return f"{prefix}_{datetime.datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}_{uuid.uuid4().hex[:6]}"
 
 
 class DataParallelTrainer:
-    """Runs ``train_loop_per_worker`` on ``scaling_config.num_workers`` Ray actors."""
+    """Runs ``train_loop_per_worker`` on ``scaling_config.num_workers`` Ray actors, with fault tolerance,
+    checkpoints and Ray Data shards, but no framework set-up (``TorchTrainer`` adds torch.distributed).
+
+    Args:
+        train_loop_per_worker: ``def train_func()`` or ``def train_func(config)``.
+        train_loop_config: the dict passed to ``train_func``.
+        scaling_config: workers and their resources (``num_workers=(min, max)`` for elastic runs).
+        run_config: name, storage, checkpoints, failures, callbacks.
+        datasets: ``{name: ray.data.Dataset}``; each worker reads its shard with
+            ``trainlib.get_dataset_shard(name)``.
+        dataset_config: how the datasets are split (:class:`trainlib.DataConfig`).
+        resume_from_checkpoint: a checkpoint to start from when the run has none of its own.
+        metadata: a JSON-able dict stored with every checkpoint (``checkpoint.get_metadata()``)
+            and given to the workers (``get_context().get_metadata()``).
+
+    Example:
+        >>> result = trainlib.DataParallelTrainer(train_func, scaling_config=ScalingConfig(num_workers=4)).fit()
+    """
 
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: dict | None = None,
                  scaling_config: ScalingConfig | None = None, run_config: RunConfig | None = None,
-                 resume_from_checkpoint: Checkpoint | None = None, backend: WorkerBackend | None = None):
+                 datasets: dict[str, Any] | None = None, dataset_config: DataConfig | None = None,
+                 resume_from_checkpoint: Checkpoint | None = None, metadata: dict[str, Any] | None = None,
+                 backend: WorkerBackend | None = None):
         if train_loop_config is not None and not isinstance(train_loop_config, dict):
             raise TypeError(
                 f"train_loop_config must be a dict, got {type(train_loop_config).__name__}: "
                 "e.g. train_loop_config={'lr': 1e-3, 'epochs': 10}."
             )
-        takes_config = _check_train_func(train_loop_per_worker, train_loop_config)
+        takes_config = check_train_func(train_loop_per_worker, train_loop_config)
         if scaling_config is not None and not isinstance(scaling_config, ScalingConfig):
             raise TypeError("scaling_config must be a trainlib.ScalingConfig, e.g. ScalingConfig(num_workers=2).")
         if run_config is not None and not isinstance(run_config, RunConfig):
             raise TypeError("run_config must be a trainlib.RunConfig.")
         if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, Checkpoint):
             raise TypeError("resume_from_checkpoint must be a trainlib.Checkpoint (e.g. result.checkpoint).")
-        _check_picklable("train_loop_config", train_loop_config)
-        _check_picklable("train_loop_per_worker", train_loop_per_worker)
+        check_picklable("train_loop_config", train_loop_config)
+        check_picklable("train_loop_per_worker", train_loop_per_worker)
+        check_datasets(datasets, dataset_config)
+        check_metadata(metadata)
         for callback in (run_config.callbacks if run_config else []):
             if not isinstance(callback, Callback):
                 raise TypeError(
@@ -135,6 +116,9 @@ class DataParallelTrainer:
         self.run_config = run_config or RunConfig()
         self.resume_from_checkpoint = resume_from_checkpoint
         self.backend = backend or WorkerBackend()
+        self.datasets = datasets
+        self.dataset_config = dataset_config or DataConfig()
+        self.metadata = metadata
         self._restoring = False
 
     # -- public ----------------------------------------------------------------
@@ -156,7 +140,7 @@ class DataParallelTrainer:
         start_from = storage.uri(committed[-1].path) if committed else (
             self.resume_from_checkpoint.uri if self.resume_from_checkpoint else None)
         run_info = RunInfo(
-            name=storage.name, path=storage.uri(), world_size=self.scaling_config.num_workers,
+            name=storage.name, path=storage.uri(), world_size=self.scaling_config.max_workers,
             use_gpu=self.scaling_config.use_gpu, train_loop_config=self.train_loop_config,
             scaling_config=_public_fields(self.scaling_config), resumed_from=start_from, state=state,
         )
@@ -166,16 +150,24 @@ class DataParallelTrainer:
         storage.write_json_atomic(storage.join(RUN_STATE_FILE), state)
         if start_from:
             logger.info("Run %s resumes from %s", storage.name, start_from)
+        scaling_policy = ScalingPolicy(self.scaling_config, available_workers)
+        data = GroupData(metadata=self.metadata, datasets=self.datasets, data_config=self.dataset_config)
         controller = Controller(
             train_func=self.train_loop_per_worker, train_loop_config=self._call_config, storage=storage,
-            make_worker_group=lambda: RayWorkerGroup(self.scaling_config, self.backend),
+            make_worker_group=lambda: RayWorkerGroup(self.scaling_config, self.backend,
+                                                     scaling_policy.num_workers(), data),
             checkpoint_config=rc.checkpoint_config, failure_config=rc.failure_config, callbacks=rc.callbacks,
             run_info=run_info, start_checkpoint=self.resume_from_checkpoint, metrics_rows=rows,
-            committed=committed, verbose=rc.verbose,
+            committed=committed, verbose=rc.verbose, scaling_policy=scaling_policy, metadata=self.metadata,
         )
         try:
             controller.run()
-        except BaseException as exc:
+        except Exception as exc:
+            # A driver-side bug or outage is Ray Train's ControllerError; trainlib's own errors pass as they are.
+            error = exc if isinstance(exc, TrainlibError) else ControllerError(exc)
+            self._end_run(storage, state, controller, error)
+            raise error from (None if error is exc else exc)
+        except BaseException as exc:  # KeyboardInterrupt: record the run as failed, and stop
             self._end_run(storage, state, controller, exc)
             raise
         return self._end_run(storage, state, controller, None)
@@ -183,12 +175,14 @@ class DataParallelTrainer:
     @classmethod
     def restore(cls, path: str | os.PathLike, *, train_loop_per_worker: Callable | None = None,
                 train_loop_config: dict | None = None, scaling_config: ScalingConfig | None = None,
-                storage_filesystem: Any = None, storage_options: dict | None = None,
-                callbacks: list[Callback] | None = None) -> "DataParallelTrainer":
+                datasets: dict[str, Any] | None = None, storage_filesystem: Any = None,
+                storage_options: dict | None = None, callbacks: list[Callback] | None = None) -> "DataParallelTrainer":
         """A trainer that continues the run at ``path`` from its latest committed checkpoint.
 
-        The training function, config and scaling come from the run folder
-        unless given here. Works for unfinished, failed and finished runs.
+        The training function, config, scaling, dataset config and metadata come
+        from the run folder unless given here. Datasets are not stored: pass the
+        run's ``datasets`` again (as Ray Train requires). Works for unfinished,
+        failed and finished runs.
         """
         storage = RunStorage.open_existing(path, storage_filesystem, storage_options,
                                            caller=f"{cls.__name__}.restore")
@@ -201,10 +195,15 @@ class DataParallelTrainer:
             checkpoint_config=CheckpointConfig(**state.get("checkpoint_config", {})),
             failure_config=FailureConfig(**state.get("failure_config", {})), if_exists="resume",
         )
+        missing = sorted(set(saved.get("dataset_names") or []) - set(datasets or {}))
+        if missing:
+            raise ValueError(f"{cls.__name__}.restore({os.fspath(path)!r}): the run trained on datasets {missing}; "
+                             "pass them again: restore(path, datasets={...}).")
         trainer = cls(
             train_loop_per_worker or saved["train_loop_per_worker"],
             train_loop_config=train_loop_config if train_loop_config is not None else saved["train_loop_config"],
-            scaling_config=scaling_config or saved["scaling_config"], run_config=run_config,
+            scaling_config=scaling_config or saved["scaling_config"], run_config=run_config, datasets=datasets,
+            dataset_config=saved.get("dataset_config"), metadata=saved.get("metadata"),
         )
         trainer._restoring = True
         return trainer
@@ -256,7 +255,8 @@ class DataParallelTrainer:
         }
         storage.write_bytes_atomic(storage.join(TRAINER_FILE), cloudpickle.dumps({
             "train_loop_per_worker": self.train_loop_per_worker, "train_loop_config": self.train_loop_config,
-            "scaling_config": self.scaling_config,
+            "scaling_config": self.scaling_config, "dataset_config": self.dataset_config,
+            "dataset_names": sorted(self.datasets or {}), "metadata": self.metadata,
         }))
         return storage, state, committed, rows
 
@@ -266,6 +266,8 @@ class DataParallelTrainer:
         state["error"] = None if error is None else f"{type(error).__name__}: {error}"[:4000]
         state["failures"] = [{"rank": f.rank, "cause": f.cause} for f in controller.failures]
         state["ended_at"] = time.time()
+        if error is None:
+            self._drop_resume_checkpoint(storage, controller)
         try:
             storage.write_json_atomic(storage.join(RUN_STATE_FILE), state)
         except Exception as exc:  # noqa: BLE001 - keep the original error
@@ -274,7 +276,8 @@ class DataParallelTrainer:
             logger.warning("Could not record the run's FAILED state: %s", exc)
         try:
             result = Result.from_storage(storage, self.run_config.checkpoint_config,
-                                         error if isinstance(error, Exception) else None)
+                                         error if isinstance(error, Exception) else None,
+                                         filesystem=self.run_config.storage_filesystem)
         except Exception as exc:  # noqa: BLE001 - after a failure, storage may be what failed
             if error is None:
                 raise
@@ -289,6 +292,14 @@ class DataParallelTrainer:
             logger.info("Run %s finished: %d report(s), latest checkpoint %s", storage.name,
                         len(controller.metrics_rows), result.checkpoint.uri if result.checkpoint else None)
         return result
+
+
+    def _drop_resume_checkpoint(self, storage: RunStorage, controller: Controller) -> None:
+        """A finished run needs no checkpoint to resume from: keep exactly the ``num_to_keep`` best."""
+        for doomed in checkpoints_to_delete(controller.committed, self.run_config.checkpoint_config, keep_latest=False):
+            storage.delete_checkpoint(doomed.path)
+            controller.committed.remove(doomed)
+            controller._notify("after_checkpoint_deleted", controller.run_info, Checkpoint(doomed.path, storage.fs))
 
 
 def _public_fields(config: Any) -> dict[str, Any]:
@@ -306,4 +317,4 @@ def _log_to_console() -> None:
         logger.setLevel(logging.INFO)
 
 
-__all__ = ["DataParallelTrainer", "TrainingFailedError"]
+__all__ = ["DataParallelTrainer"]

@@ -66,10 +66,12 @@ class TrainWorker:
 
     def start(self, train_func: bytes, driver_sys_path: list[str], config: dict | None, info: WorkerInfo,
               storage: RunStorage, checkpoint: Checkpoint | None, first_step: int, master_addr: str,
-              master_port: int, env: dict[str, str]) -> None:
+              master_port: int, env: dict[str, str], metadata: dict[str, Any] | None = None,
+              dataset_shards: dict[str, Any] | None = None) -> None:
         """Start the training function (pickled by the driver) in a thread and return."""
         os.environ.update(env)
-        self.session = WorkerSession(info, storage, checkpoint, first_step, self.outbox)
+        self.session = WorkerSession(info, storage, checkpoint, first_step, self.outbox, metadata=metadata,
+                                     dataset_shards=dataset_shards)
         thread = threading.Thread(
             target=self._run, args=(train_func, driver_sys_path, config, info, master_addr, master_port),
             name="trainlib-train", daemon=True,
@@ -93,6 +95,11 @@ class TrainWorker:
             self.session.finish(exc)
         else:
             self.session.finish()
+
+    def mark_preempted(self, info: Any) -> None:
+        """The driver saw a node of this run draining: ``get_preemption_info()`` returns ``info`` from now on."""
+        if self.session is not None:
+            self.session.preemption = info
 
     def next_messages(self) -> list[tuple]:
         """Block until this worker has something for the driver; return all of it, in order."""
