@@ -235,3 +235,23 @@ def test_checkpoint_metadata_and_trainer_metadata(ray_session, storage_path):
     with result.checkpoint.as_directory() as folder:  # metadata is a hidden file beside the user's
         assert _user_files(folder) == ["rank0.json", "rank1.json"]
         assert os.path.exists(os.path.join(folder, ".metadata.json"))
+
+
+def test_only_numbers_go_to_mlflow_and_the_rest_is_skipped_with_one_warning(ray_session, storage_path, tmp_path,
+                                                                           caplog):
+    from mlflow.tracking import MlflowClient
+
+    from trainlib.mlflow import MLflowLogger
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    mlflow_logger = MLflowLogger(tracking_uri=uri, experiment_name="parity-values")
+    with caplog.at_level("WARNING", logger="trainlib"):
+        result = _trainer(any_value_train_func, storage_path, name="values-mlflow",
+                          run_config=trainlib.RunConfig(name="values-mlflow", storage_path=storage_path,
+                                                        verbose=False, callbacks=[mlflow_logger])).fit()
+    assert result.metrics["phase"] == "epoch-1"
+    run = MlflowClient(uri).get_run(mlflow_logger.run_id)
+    assert set(run.data.metrics) == {"loss"}
+    assert [m.value for m in MlflowClient(uri).get_metric_history(run.info.run_id, "loss")] == [1.0, 0.5]
+    warnings = [r.message for r in caplog.records if "MLflow logs only numeric metrics" in r.message]
+    assert len(warnings) == 1 and "phase" in warnings[0] and "when" in warnings[0]

@@ -33,6 +33,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from trainlib._internal import tunables
+from trainlib._internal.metrics import is_number
 from trainlib._internal.tracking.params import params_for_logging, truncate
 from trainlib._internal.tracking.spool import Spool, describe_records
 from trainlib._internal.util.masking import redact_text, redact_url
@@ -150,6 +151,7 @@ class MLflowLogger(Callback):
         self._offline_since: float | None = None
         self._last_probe = 0.0
         self._failures = 0
+        self._skipped_keys: set[str] = set()  # non-numeric metric names already warned about
 
     def __getstate__(self) -> dict[str, Any]:
         # The trainer may pickle its config; a live client is not needed elsewhere.
@@ -194,7 +196,12 @@ class MLflowLogger(Callback):
                     redact_url(self._uri))
 
     def after_report(self, run: RunInfo, report: ReportRecord) -> None:
-        metrics = {k: v for k, v in report.metrics.items() if isinstance(v, (int, float))}
+        metrics = {k: v for k, v in report.metrics.items() if is_number(v)}
+        skipped = sorted(set(report.metrics) - set(metrics) - self._skipped_keys)
+        if skipped:  # strings, lists, objects: kept in the run's metrics, but MLflow metrics are numbers
+            self._skipped_keys.update(skipped)
+            logger.warning("MLflow logs only numeric metrics: %s (reported from step %d on) not logged to MLflow; "
+                           "they are kept in Result.metrics and metrics_dataframe.", ", ".join(skipped), report.step)
         if metrics:
             self._emit({"kind": "metrics", "step": report.step, "metrics": metrics,
                         "timestamp": int(report.reported_at * 1000)})
