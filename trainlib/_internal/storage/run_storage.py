@@ -99,7 +99,11 @@ class RunStorage:
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
             else:
-                self.fs.pipe_file(path, data)  # one PUT: atomic on object stores
+                try:
+                    self.fs.pipe_file(path, data)  # one PUT: atomic on object stores
+                except FileNotFoundError:  # a filesystem with real folders (e.g. a pyarrow one): make them
+                    self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+                    self.fs.pipe_file(path, data)
 
         with_retries(f"writing {self.uri(path)}", write)
 
