@@ -36,3 +36,7 @@ COMMIT_POLL_INTERVAL_S = 0.1
 
 # How often the driver asks Ray which nodes it is draining (a preemption of the run's nodes).
 PREEMPTION_POLL_INTERVAL_S = 1.0
+
+# Elastic runs: after a group stops, its resources return to Ray a moment later; the next group's size
+# is the most workers seen to fit within this long.
+ELASTIC_SETTLE_S = 2.0

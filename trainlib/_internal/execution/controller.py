@@ -186,10 +186,6 @@ class Controller:
         done: set[int] = set()
         while len(done) < world_size:
             messages = group.wait(self._poll_interval(world_size)) if self.scaling_policy else group.wait()
-            if not messages and self.scaling_policy is not None:
-                self.watcher.check(group)
-                if self.scaling_policy.should_grow(world_size):
-                    return RESIZE
             for rank, message in messages:
                 kind = message[0]
                 if kind == REPORT:
@@ -206,6 +202,10 @@ class Controller:
                             failures.append(self._worker_error(late, plan))
                     self.last_failures = failures
                     return root_cause(failures)
+            if self.scaling_policy is not None and not done:  # both rate-limit themselves
+                self.watcher.check(group)
+                if self.scaling_policy.should_grow(world_size):
+                    return RESIZE
         if pending:
             # Every rank's last step this attempt (committed steps were reported by all ranks).
             counts = {rank: min(pending) - 1 for rank in range(world_size)}

@@ -25,17 +25,29 @@ logger = logging.getLogger("trainlib")
 class ScalingPolicy:
     """How many workers the next attempt gets, and when a running group should grow."""
 
-    def __init__(self, scaling: ScalingConfig, available_workers: Callable[[ScalingConfig], int]):
+    def __init__(self, scaling: ScalingConfig, available_workers: Callable[[ScalingConfig], int],
+                 settle_s: float = tunables.ELASTIC_SETTLE_S):
         self.scaling = scaling
         self._available = available_workers
+        self._settle_s = settle_s
         self._last_check = time.monotonic()
+        self._target: int | None = None  # the size a growth decision found room for
 
     def num_workers(self) -> int:
         """Fixed: ``num_workers``. Elastic: as many as fit now, between ``min_workers`` and ``max_workers``
         (``min_workers`` when fewer fit, so that the placement wait applies)."""
         if not self.scaling.elasticity_enabled:
             return self.scaling.num_workers
+        if self._target is not None:  # growing: the room was seen next to the group just stopped
+            chosen, self._target = self._target, None
+            self._last_check = time.monotonic()
+            return chosen
+        # Resources of a group that was just stopped come back a moment later: take the best of a few looks.
         fits = self._available(self.scaling)
+        deadline = time.monotonic() + self._settle_s
+        while fits < self.scaling.max_workers and time.monotonic() < deadline:
+            time.sleep(0.25)
+            fits = max(fits, self._available(self.scaling))
         chosen = max(self.scaling.min_workers, min(self.scaling.max_workers, fits))
         logger.info("Elastic run: %d worker(s) fit now; starting %d (ScalingConfig.num_workers=%s).", fits, chosen,
                     self.scaling.num_workers)
@@ -53,10 +65,11 @@ class ScalingPolicy:
         if self.poll_interval(world_size) != 0.0:
             return False
         self._last_check = time.monotonic()
-        extra = self._available(self.scaling)
+        extra = self._available(self.scaling)  # free now, beside what the running group holds
         if extra >= 1:
+            self._target = min(self.scaling.max_workers, world_size + extra)
             logger.warning("Elastic run: room for %d more worker(s) appeared; restarting the group with %d from "
-                           "the latest checkpoint.", extra, min(self.scaling.max_workers, world_size + extra))
+                           "the latest checkpoint.", extra, self._target)
             return True
         return False
 
