@@ -52,10 +52,10 @@ def elastic_train_func(config):
                             checkpoint=trainlib.Checkpoint.from_directory(folder))
 
 
-def _run_in_thread(box, **trainer_kwargs):
+def _run_in_thread(box, train_func=None, **trainer_kwargs):
     def run():
         try:
-            box["result"] = TorchTrainer(elastic_train_func, **trainer_kwargs).fit()
+            box["result"] = TorchTrainer(train_func or elastic_train_func, **trainer_kwargs).fit()
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             box["error"] = exc
 
@@ -113,3 +113,62 @@ def test_losing_a_node_continues_with_fewer_workers_from_the_last_checkpoint(clu
     assert after["start_epoch"].iloc[0] >= 3  # from the last checkpoint
     assert after["start_epoch"].iloc[0] - 1 in set(frame[frame["checkpoint"].notna()]["epoch"])
     assert box["result"].metrics["epoch"] == 11
+
+
+def preemptible_train_func(config):
+    ctx = trainlib.get_context()
+    start = 0
+    checkpoint = trainlib.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as folder:
+            start = int(open(os.path.join(folder, "epoch.txt")).read()) + 1
+    for epoch in range(start, config["epochs"]):
+        time.sleep(config["sleep_s"])
+        info = trainlib.get_preemption_info()
+        with tempfile.TemporaryDirectory() as folder:
+            if ctx.get_world_rank() == 0:
+                open(os.path.join(folder, "epoch.txt"), "w").write(str(epoch))
+            trainlib.report({"epoch": epoch, "world_size": ctx.get_world_size(), "start_epoch": start,
+                             "preempted_ranks": info.preempted_ranks if info else None,
+                             "deadline_ms": info.deadline_ms if info else None},
+                            checkpoint=trainlib.Checkpoint.from_directory(folder))
+
+
+def test_a_preempted_node_is_announced_and_its_loss_uses_the_preemption_budget(cluster, tmp_path):
+    import json
+
+    import ray
+    from ray._private import services
+    from ray.core.generated import autoscaler_pb2
+
+    node = cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    box = {}
+    thread = _run_in_thread(
+        box, train_func=preemptible_train_func, train_loop_config={"epochs": 40, "sleep_s": 0.5},
+        scaling_config=trainlib.ScalingConfig(num_workers=(1, 2)),
+        run_config=trainlib.RunConfig(name="preempt", storage_path=f"file://{tmp_path}/runs", verbose=False,
+                                      failure_config=trainlib.FailureConfig(max_failures=0)),
+    )
+    run = tmp_path / "runs" / "preempt"
+    _wait_for(run / "checkpoint_000002" / ".trainlib_commit.json", thread)
+    deadline_ms = int(time.time() * 1000) + 600_000
+    gcs = ray._raylet.GcsClient(address=services.canonicalize_bootstrap_address_or_die(addr="auto"))
+    accepted, _ = gcs.drain_node(node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                                 "spot reclaim", deadline_ms)
+    assert accepted
+
+    def announced():
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [r["metrics"] for r in rows if r["metrics"]["preempted_ranks"]]
+
+    limit = time.monotonic() + 60
+    while not announced() and time.monotonic() < limit and thread.is_alive():
+        time.sleep(0.2)
+    seen = announced()
+    assert seen and len(seen[0]["preempted_ranks"]) == 1 and seen[0]["deadline_ms"] == deadline_ms
+    cluster.remove_node(node, allow_graceful=False)  # the reclaim
+    thread.join(timeout=300)
+    assert not thread.is_alive() and "error" not in box, box.get("error")  # max_failures=0, yet the run went on
+    frame = box["result"].metrics_dataframe
+    assert frame["world_size"].iloc[-1] == 1 and box["result"].metrics["epoch"] == 39
