@@ -8,7 +8,6 @@ import posixpath
 from typing import TYPE_CHECKING, Any, Callable
 
 from trainlib._internal.execution.session import ReportOptions, WorkerSession, get_session
-from trainlib._internal.execution.spec import WorkerInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.reporting import CheckpointConsistencyMode, CheckpointUploadMode, ReportedCheckpoint
 
@@ -43,8 +42,9 @@ class StorageContext:
 class TrainContext:
     """What a worker knows about its run: ranks, sizes, names. Get it with ``get_context()``."""
 
-    def __init__(self, info: WorkerInfo, session: WorkerSession | None = None):
-        self._info = info
+    def __init__(self, session: WorkerSession):
+        self._info = session.info
+        self._attempt = session.attempt
         self._session = session
 
     def get_world_size(self) -> int:
@@ -69,19 +69,19 @@ class TrainContext:
 
     def get_experiment_name(self) -> str:
         """The run's name (``RunConfig.name``)."""
-        return self._info.experiment_name
+        return self._attempt.experiment_name
 
     def get_trial_name(self) -> str:
         """Same as :meth:`get_experiment_name` (Ray Train v1 compatibility)."""
-        return self._info.experiment_name
+        return self._attempt.experiment_name
 
     def get_run_path(self) -> str:
         """The run's folder in storage."""
-        return self._info.run_path
+        return self._attempt.storage.uri()
 
     def get_attempt(self) -> int:
         """0 for the first attempt; then one more per restart, and per re-run of the same run (resume)."""
-        return self._info.attempt
+        return self._attempt.attempt
 
     def get_storage(self) -> StorageContext:
         """The run's storage: filesystem and paths (see :class:`StorageContext`)."""
@@ -96,7 +96,7 @@ class TrainContext:
     def __repr__(self) -> str:
         i = self._info
         return (f"TrainContext(world_rank={i.world_rank}, world_size={i.world_size}, local_rank={i.local_rank}, "
-                f"node_rank={i.node_rank}, experiment_name={i.experiment_name!r})")
+                f"node_rank={i.node_rank}, experiment_name={self._attempt.experiment_name!r})")
 
 
 def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, checkpoint_dir_name: str | None = None,
@@ -206,8 +206,7 @@ def get_context() -> TrainContext:
     Raises:
         RuntimeError: called outside a training worker.
     """
-    session = get_session("get_context")
-    return TrainContext(session.info, session)
+    return TrainContext(get_session("get_context"))
 
 
 def get_checkpoint() -> Checkpoint | None:

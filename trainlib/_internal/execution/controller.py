@@ -6,7 +6,9 @@
                  RESTARTING -> SCHEDULING ...   while FailurePolicy allows
                      |
                      v
-                  ERRORED
+                  FAILED
+
+The states are ``RunStatus`` members, the same enum as the run record's status.
 
 The controller gathers each report from all ranks, commits its checkpoint
 (marker written last), appends the metrics log, applies retention and calls
@@ -17,7 +19,6 @@ protocol), so tests can swap in a fake group and test the failure logic without 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import posixpath
 from typing import Any, Callable, Protocol
@@ -26,10 +27,12 @@ import cloudpickle
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.commit import commit_folder, write_metadata
-from trainlib._internal.execution.messages import DONE, ERROR, REPORT, CheckpointPlacement
+from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
 from trainlib._internal.execution.monitor import PreemptionWatcher, ScalingPolicy
+from trainlib._internal.execution.spec import AttemptSpec
 from trainlib._internal.storage.commits import CommittedCheckpoint
 from trainlib._internal.storage.retention import checkpoints_to_delete, warn_if_unscored
+from trainlib._internal.storage.run_record import RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
@@ -39,23 +42,16 @@ from trainlib.errors import StorageError, WorkerError, WorkerGroupError
 logger = logging.getLogger("trainlib")
 
 
-class RunState(enum.Enum):
-    SCHEDULING = "SCHEDULING"
-    RUNNING = "RUNNING"
-    RESTARTING = "RESTARTING"
-    FINISHED = "FINISHED"
-    ERRORED = "ERRORED"
-
-
 class WorkerGroup(Protocol):
+    """The workers of one attempt, as the controller sees them (``RayWorkerGroup``, or a fake in tests)."""
+
     plan: Any
 
     def start_actors(self) -> None: ...
     def placements(self) -> list[dict[str, Any]]: ...
-    def start(self, train_func: Callable, config: dict | None, experiment_name: str, storage: RunStorage,
-              checkpoint: Checkpoint | None, first_step: int, attempt: int) -> Any: ...
-    def wait(self, timeout: float | None = None) -> list[tuple[int, tuple]]: ...
-    def flush(self, timeout: float) -> list[tuple[int, tuple]]: ...
+    def start(self, attempt: AttemptSpec) -> Any: ...
+    def wait(self, timeout: float | None = None) -> list[WorkerMessage]: ...
+    def flush(self, timeout: float) -> list[WorkerMessage]: ...
     def shutdown(self) -> None: ...
 
 
@@ -73,55 +69,44 @@ class FailurePolicy:
 RESIZE = "resize"
 
 
-@dataclasses.dataclass
-class _RankReport:
-    metrics: dict[str, Any]
-    manifest: dict[str, int] | None
-    reported_at: float
-    placement: CheckpointPlacement | None = None
-
-
 class Controller:
     """Runs attempts of a worker group until the training function finishes on every rank."""
 
-    def __init__(self, *, train_func: Callable, train_loop_config: dict | None, storage: RunStorage,
-                 make_worker_group: Callable[[], WorkerGroup], checkpoint_config: CheckpointConfig,
+    def __init__(self, *, storage: RunStorage, make_worker_group: Callable[[], WorkerGroup], checkpoint_config: CheckpointConfig,
                  failure_config: FailureConfig, callbacks: list[Callback], run_info: RunInfo,
                  start_checkpoint: Checkpoint | None = None, metrics_rows: list[dict[str, Any]] | None = None,
                  committed: list[CommittedCheckpoint] | None = None, verbose: bool = True,
                  scaling_policy: ScalingPolicy | None = None, metadata: dict[str, Any] | None = None):
-        self.train_func = train_func
-        self.train_loop_config = train_loop_config
         self.storage = storage
         self.make_worker_group = make_worker_group
         self.checkpoint_config = checkpoint_config
         self.policy = FailurePolicy(failure_config.max_failures)
         self.preemption_policy = FailurePolicy(failure_config.max_preemption_failures)
-        self.scaling_policy = scaling_policy
+        self.scaling_policy = scaling_policy  # elastic sizing and growth; None: a fixed group, no monitoring
         self.watcher = PreemptionWatcher() if scaling_policy is not None else None
         self.metadata = metadata
         self.preemptions: list[WorkerError] = []
         self.last_failures: list[WorkerError] = []  # every rank's failure in the last failed attempt
+        self._node_ids: list[str] = []
         self.callbacks = callbacks
         self.run_info = run_info
         self.external_checkpoint = start_checkpoint
         self.metrics_rows = list(metrics_rows or [])
         self.committed = list(committed or [])
         self.verbose = verbose
-        self.state = RunState.SCHEDULING
+        self.state = RunStatus.SCHEDULING
         self.failures: list[WorkerError] = []
         # A resumed run continues the attempt numbering of its metrics log, so rows of the
         # earlier driver runs and of this one never share an attempt number.
         self.attempt = 1 + max((int(r.get("attempt", 0)) for r in self.metrics_rows), default=-1)
         self.num_nodes = 1
-        self._node_ids: list[str] = []
 
     # -- the state machine -------------------------------------------------------
 
     def run(self) -> None:
         """Run to the end. Raises TrainingFailedError when failures exceed the policy."""
         while True:
-            self.state = RunState.SCHEDULING
+            self.state = RunStatus.SCHEDULING
             group = self.make_worker_group()
             try:
                 failure = self._run_attempt(group)
@@ -130,23 +115,21 @@ class Controller:
             finally:
                 group.shutdown()
             if failure is None:
-                self.state = RunState.FINISHED
+                self.state = RunStatus.FINISHED
                 return
-            self.state = RunState.RESTARTING
+            self.state = RunStatus.RESTARTING
             self.attempt += 1
             if failure == RESIZE:
                 continue
             preempted = self.watcher is not None and self.watcher.caused(failure, self._node_ids)
-            if preempted and self.preemption_policy.max_failures != 0:
-                self.preemptions.append(failure)
-                will_restart = self.preemption_policy.should_restart(len(self.preemptions))
-            else:
-                self.failures.append(failure)
-                will_restart = self.policy.should_restart(len(self.failures))
+            counted = self.preemptions if preempted and self.preemption_policy.max_failures != 0 else self.failures
+            counted.append(failure)
+            policy = self.preemption_policy if counted is self.preemptions else self.policy
+            will_restart = policy.should_restart(len(counted))
             self._notify("after_failure", self.run_info, failure, will_restart)
             if not will_restart:
-                self.state = RunState.ERRORED
-                raise WorkerGroupError(self.failures or self.preemptions, self.policy.max_failures,
+                self.state = RunStatus.FAILED
+                raise WorkerGroupError(counted, policy.max_failures,
                                        {f.rank: f.__cause__ or f for f in self.last_failures or [failure]})
             latest = self.latest_checkpoint()
             logger.warning("Worker rank %d failed (%s); restarting the group (restart %d%s) from %s.",
@@ -174,31 +157,29 @@ class Controller:
         for path in self.storage.remove_uncommitted():
             logger.info("Removed uncommitted checkpoint folder %s", self.storage.uri(path))
         first_step = self.committed[-1].step + 1 if self.committed else 1
-        plan = group.start(self.train_func, self.train_loop_config, self.storage.name, self.storage,
-                           self.latest_checkpoint(), first_step, self.attempt)
+        plan = group.start(AttemptSpec(attempt=self.attempt, storage=self.storage,
+                                       checkpoint=self.latest_checkpoint(), first_step=first_step))
         world_size = len(placements)
         self._node_ids = [placements[i]["node_id"] for i in getattr(plan, "order", range(world_size))]
-        self.state = RunState.RUNNING
+        self.state = RunStatus.RUNNING
         return self._collect(group, world_size, plan)
 
     def _collect(self, group: WorkerGroup, world_size: int, plan: Any) -> WorkerError | None:
-        pending: dict[int, dict[int, _RankReport]] = {}
+        pending: dict[int, dict[int, ReportMessage]] = {}
         done: set[int] = set()
         while len(done) < world_size:
-            messages = group.wait(self._poll_interval(world_size)) if self.scaling_policy else group.wait()
-            for rank, message in messages:
-                kind = message[0]
-                if kind == REPORT:
-                    self._add_report(pending, world_size, rank, message)
-                elif kind == DONE:
-                    done.add(rank)
-                elif kind == ERROR:
+            for message in group.wait(self._poll_interval(world_size)) if self.scaling_policy else group.wait():
+                if isinstance(message, ReportMessage):
+                    self._add_report(pending, world_size, message)
+                elif isinstance(message, DoneMessage):
+                    done.add(message.rank)
+                else:
                     failures = [self._worker_error(message, plan)]
                     # Reports that every rank made before the failure are not lost.
-                    for other, late in group.flush(tunables.FLUSH_AFTER_FAILURE_S):
-                        if late[0] == REPORT:
-                            self._add_report(pending, world_size, other, late)
-                        elif late[0] == ERROR:
+                    for late in group.flush(tunables.FLUSH_AFTER_FAILURE_S):
+                        if isinstance(late, ReportMessage):
+                            self._add_report(pending, world_size, late)
+                        elif isinstance(late, FailedMessage):
                             failures.append(self._worker_error(late, plan))
                     self.last_failures = failures
                     return root_cause(failures)
@@ -220,13 +201,13 @@ class Controller:
             )
         return None
 
-    def _worker_error(self, message: tuple, plan: Any) -> WorkerError:
-        _, rank, cause, traceback_text, payload = message
+    def _worker_error(self, message: FailedMessage, plan: Any) -> WorkerError:
+        rank = message.rank
         node_ip = plan.node_ips[rank] if plan is not None and hasattr(plan, "node_ips") else ""
-        error = WorkerError(rank=rank, cause=cause, traceback_text=traceback_text, node_ip=node_ip)
-        if payload is not None:
+        error = WorkerError(rank=rank, cause=message.cause, traceback_text=message.traceback_text, node_ip=node_ip)
+        if message.exception_payload is not None:
             try:
-                error.__cause__ = cloudpickle.loads(payload)
+                error.__cause__ = cloudpickle.loads(message.exception_payload)
             except Exception:  # noqa: BLE001 - the exception's class may not import on the driver
                 pass
         return error
@@ -238,14 +219,13 @@ class Controller:
         return min(self.watcher.poll_interval() or tunables.PREEMPTION_POLL_INTERVAL_S,
                    growth if growth is not None else float("inf"))
 
-    def _add_report(self, pending: dict[int, dict[int, _RankReport]], world_size: int, rank: int,
-                    message: tuple) -> None:
-        _, _, step, metrics, manifest, reported_at, *rest = message
-        pending.setdefault(step, {})[rank] = _RankReport(metrics, manifest, reported_at, rest[0] if rest else None)
-        if len(pending[step]) == world_size:
-            self._commit(step, pending.pop(step))
+    def _add_report(self, pending: dict[int, dict[int, ReportMessage]], world_size: int,
+                    message: ReportMessage) -> None:
+        pending.setdefault(message.step, {})[message.rank] = message
+        if len(pending[message.step]) == world_size:
+            self._commit(message.step, pending.pop(message.step))
 
-    def _commit(self, step: int, ranks: dict[int, _RankReport]) -> None:
+    def _commit(self, step: int, ranks: dict[int, ReportMessage]) -> None:
         metrics = ranks[0].metrics
         manifests = [r.manifest for r in ranks.values() if r.manifest is not None]
         placements = [r.placement for r in ranks.values() if r.placement is not None]

@@ -1,6 +1,6 @@
-"""The per-worker training session behind ``report``, ``get_context`` and ``get_checkpoint``.
+"""The per-worker training session behind ``report``, ``get_context`` and ``get_checkpoint``. Worker actors only.
 
-Runs in worker actors only. ``report()`` validates the metrics, copies the
+The session holds the worker's place in the group, its attempt and its device. ``report()`` validates the metrics, copies the
 checkpoint folder (straight into run storage on a local filesystem; to a local
 staging folder first for remote storage), and hands the report to one uploader
 thread, which uploads in the background and forwards reports to the driver in
@@ -21,10 +21,15 @@ from typing import Any, Callable
 
 from trainlib._internal import metrics as metric_values
 from trainlib._internal import tunables
-from trainlib._internal.execution.messages import DONE, REPORT, CheckpointPlacement, error_message
-from trainlib._internal.execution.spec import WorkerInfo
+from trainlib._internal.execution.messages import (
+    CheckpointPlacement,
+    DoneMessage,
+    FailedMessage,
+    ReportMessage,
+    WorkerMessage,
+)
+from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
 from trainlib._internal.storage.commits import checkpoint_dir_name
-from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.checkpoint import Checkpoint
 from trainlib.reporting import CheckpointUploadMode
 
@@ -53,16 +58,17 @@ class _PendingReport:
 class WorkerSession:
     """One worker's session: the state behind the public worker-side functions."""
 
-    def __init__(self, info: WorkerInfo, storage: RunStorage, start_checkpoint: Checkpoint | None, first_step: int,
-                 outbox: "queue.Queue[tuple]", metadata: dict[str, Any] | None = None,
-                 dataset_shards: dict[str, Any] | None = None):
+    def __init__(self, info: WorkerInfo, attempt: AttemptSpec, outbox: "queue.Queue[WorkerMessage]",
+                 metadata: dict[str, Any] | None = None, dataset_shards: dict[str, Any] | None = None):
         self.info = info
+        self.attempt = attempt
+        self.storage = attempt.storage
+        self.start_checkpoint = attempt.checkpoint
+        self.first_step = self.next_step = attempt.first_step
+        self.device: Any = None  # set by the worker backend once the device is chosen (e.g. torch.device)
         self.metadata = metadata
         self.dataset_shards = dataset_shards or {}
         self.preemption: Any = None  # a trainlib.PreemptionInfo once the driver sees a node of the run draining
-        self.storage = storage
-        self.start_checkpoint = start_checkpoint
-        self.first_step = self.next_step = first_step
         self.outbox = outbox
         self._uploads: queue.Queue = queue.Queue(maxsize=tunables.MAX_PENDING_UPLOADS_PER_WORKER)
         self._staging_root = tempfile.mkdtemp(prefix=f"trainlib_stage_rank{info.world_rank}_")
@@ -165,9 +171,9 @@ class WorkerSession:
     def finish(self, error: BaseException | None = None) -> None:
         """Queue the end of training (after every pending upload) for the driver."""
         if error is None:
-            self._uploads.put((DONE, self.info.world_rank))
+            self._uploads.put(DoneMessage(self.info.world_rank))
         else:
-            self._uploads.put(error_message(self.info.world_rank, error))
+            self._uploads.put(FailedMessage.from_exception(self.info.world_rank, error))
 
     def wait_uploads(self, timeout: float) -> bool:
         """Wait until every queued report reached the driver's outbox; True if it did in time."""
@@ -183,7 +189,7 @@ class WorkerSession:
         while True:
             item = self._uploads.get()
             try:
-                if isinstance(item, tuple):  # DONE or ERROR: the last message of this session
+                if not isinstance(item, _PendingReport):  # done or failed: the last message of this session
                     if not failed:
                         self.outbox.put(item)
                     shutil.rmtree(self._staging_root, ignore_errors=True)
@@ -197,11 +203,12 @@ class WorkerSession:
                     dest = self.storage.checkpoint_path(item.step, item.placement.dir_name if item.placement else None)
                     manifest = self.storage.upload_directory(item.staged_dir, dest)
                     shutil.rmtree(item.staged_dir, ignore_errors=True)
-                self.outbox.put((REPORT, self.info.world_rank, item.step, item.metrics, manifest, item.reported_at,
-                                 item.placement))
+                self.outbox.put(ReportMessage(rank=self.info.world_rank, step=item.step, metrics=item.metrics,
+                                              manifest=manifest, reported_at=item.reported_at,
+                                              placement=item.placement))
             except BaseException as exc:  # noqa: BLE001 - an upload failure fails this worker
                 failed = True
-                self.outbox.put(error_message(self.info.world_rank, exc))
+                self.outbox.put(FailedMessage.from_exception(self.info.world_rank, exc))
             finally:
                 self._uploads.task_done()
 
