@@ -14,6 +14,7 @@ import pytest
 
 from trainlib._internal.execution.controller import Controller, FailurePolicy
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage
+from trainlib._internal.execution.spec import Placement
 from trainlib._internal.storage.run_record import RunRecord, RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.callbacks import Callback, RunInfo
@@ -52,7 +53,7 @@ class FakeGroup:
         pass
 
     def placements(self):
-        return [{"node_id": n, "node_ip": f"10.0.0.{i}", "pid": 100 + i, "gpu_ids": []}
+        return [Placement(node_id=n, node_ip=f"10.0.0.{i}", hostname=n, pid=100 + i)
                 for i, n in enumerate(self.nodes)]
 
     def start(self, attempt):

@@ -6,10 +6,11 @@ import pytest
 
 import trainlib
 from trainlib._internal.execution.placement import check_resources, plan_ranks
+from trainlib._internal.execution.spec import Placement
 
 
 def _placement(node: str, ip: str, gpus=()):
-    return {"node_id": node, "node_ip": ip, "pid": 1, "hostname": node, "gpu_ids": list(gpus)}
+    return Placement(node_id=node, node_ip=ip, hostname=node, pid=1, gpu_ids=tuple(gpus))
 
 
 def test_ranks_are_contiguous_per_node_with_torchrun_environment():

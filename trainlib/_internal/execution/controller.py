@@ -29,7 +29,7 @@ from trainlib._internal import tunables
 from trainlib._internal.execution.commit import commit_folder, write_metadata
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
 from trainlib._internal.execution.monitor import PreemptionWatcher, ScalingPolicy
-from trainlib._internal.execution.spec import AttemptSpec
+from trainlib._internal.execution.spec import AttemptSpec, Placement
 from trainlib._internal.storage.commits import CommittedCheckpoint
 from trainlib._internal.storage.retention import checkpoints_to_delete, warn_if_unscored
 from trainlib._internal.storage.run_record import RunStatus
@@ -48,7 +48,7 @@ class WorkerGroup(Protocol):
     plan: Any
 
     def start_actors(self) -> None: ...
-    def placements(self) -> list[dict[str, Any]]: ...
+    def placements(self) -> list[Placement]: ...
     def start(self, attempt: AttemptSpec) -> Any: ...
     def wait(self, timeout: float | None = None) -> list[WorkerMessage]: ...
     def flush(self, timeout: float) -> list[WorkerMessage]: ...
@@ -145,7 +145,7 @@ class Controller:
     def _run_attempt(self, group: WorkerGroup) -> WorkerError | None:
         group.start_actors()
         placements = group.placements()
-        self.num_nodes = len({p["node_id"] for p in placements})
+        self.num_nodes = len({p.node_id for p in placements})
         if self.num_nodes > 1 and not self.storage.shared:
             raise StorageError(
                 f"The workers run on {self.num_nodes} nodes but RunConfig.storage_path "
@@ -160,7 +160,7 @@ class Controller:
         plan = group.start(AttemptSpec(attempt=self.attempt, storage=self.storage,
                                        checkpoint=self.latest_checkpoint(), first_step=first_step))
         world_size = len(placements)
-        self._node_ids = [placements[i]["node_id"] for i in getattr(plan, "order", range(world_size))]
+        self._node_ids = [placements[i].node_id for i in getattr(plan, "order", range(world_size))]
         self.state = RunStatus.RUNNING
         return self._collect(group, world_size, plan)
 

@@ -1,4 +1,4 @@
-"""What the driver sends a worker to start an attempt: its place in the group and the attempt. Built on the driver.
+"""Where a worker landed, and what the driver sends it to start an attempt: its place and the attempt. Both sides.
 
 ``TrainWorker.start`` takes one :class:`WorkerStart`; the worker keeps its parts on its session.
 """
@@ -11,6 +11,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trainlib._internal.storage.run_storage import RunStorage
     from trainlib.checkpoint import Checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one worker actor landed; sent by the actor (``TrainWorker.describe``) to the driver."""
+
+    node_id: str
+    node_ip: str
+    hostname: str
+    pid: int
+    gpu_ids: tuple[str, ...] = ()  # the GPUs Ray gave this actor
 
 
 @dataclasses.dataclass(frozen=True)

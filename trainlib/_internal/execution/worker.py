@@ -17,7 +17,7 @@ from typing import Any
 
 from trainlib._internal.execution.messages import WorkerMessage
 from trainlib._internal.execution.session import WorkerSession, set_session
-from trainlib._internal.execution.spec import WorkerInfo, WorkerStart
+from trainlib._internal.execution.spec import Placement, WorkerInfo, WorkerStart
 from trainlib._internal.execution.train_fn import TrainFunction
 
 
@@ -45,19 +45,15 @@ class TrainWorker:
         self.outbox: queue.Queue[WorkerMessage] = queue.Queue()
         self.session: WorkerSession | None = None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Placement:
         """Where this actor runs: node, address, pid, GPUs."""
         import ray
 
         ctx = ray.get_runtime_context()
         accelerators = ctx.get_accelerator_ids() if hasattr(ctx, "get_accelerator_ids") else {}
-        return {
-            "node_id": ctx.get_node_id(),
-            "node_ip": ray.util.get_node_ip_address(),
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "gpu_ids": [str(g) for g in accelerators.get("GPU", [])],
-        }
+        return Placement(node_id=ctx.get_node_id(), node_ip=ray.util.get_node_ip_address(),
+                         hostname=socket.gethostname(), pid=os.getpid(),
+                         gpu_ids=tuple(str(g) for g in accelerators.get("GPU", [])))
 
     def find_free_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

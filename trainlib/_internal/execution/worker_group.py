@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from trainlib._internal import tunables
 from trainlib._internal.execution.messages import FailedMessage, WorkerMessage, is_last
 from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
-from trainlib._internal.execution.spec import AttemptSpec, WorkerStart
+from trainlib._internal.execution.spec import AttemptSpec, Placement, WorkerStart
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
 from trainlib.config import ScalingConfig
 from trainlib.errors import ResourcesUnavailableError, WorkerError
@@ -59,7 +59,7 @@ class RayWorkerGroup:
         self._pg = None
         self._actors: list[Any] = []  # by rank once started
         self._pending: dict[Any, int] = {}  # outstanding next_messages ref -> rank
-        self._placements: list[dict[str, Any]] = []
+        self._placements: list[Placement] = []
         self.plan: RankPlan | None = None
 
     def start_actors(self) -> None:
@@ -91,7 +91,7 @@ class RayWorkerGroup:
             for i in range(self.num_workers)
         ]
 
-    def placements(self) -> list[dict[str, Any]]:
+    def placements(self) -> list[Placement]:
         """Where each actor landed (waits for the actors to finish starting)."""
         refs = [a.describe.remote() for a in self._actors]
         try:
@@ -114,7 +114,7 @@ class RayWorkerGroup:
         self._actors = [by_index[i] for i in plan.order]
         self._placements = [placements[i] for i in plan.order]
         self.plan = plan
-        shards = self.data.shards_for(self._actors, [p["node_id"] for p in self._placements])
+        shards = self.data.shards_for(self._actors, [p.node_id for p in self._placements])
         refs = [
             actor.start.remote(WorkerStart(attempt=attempt, info=plan.infos[rank], env=plan.envs[rank],
                                            train_fn=self.train_fn, metadata=self.data.metadata,
@@ -130,7 +130,7 @@ class RayWorkerGroup:
 
     def node_ids(self) -> list[str]:
         """The node id of each rank's actor."""
-        return [p["node_id"] for p in self._placements]
+        return [p.node_id for p in self._placements]
 
     def notify_preemption(self, info: Any) -> None:
         """Tell every worker that ``info`` (a PreemptionInfo) is coming: ``get_preemption_info()`` returns it."""
@@ -170,11 +170,11 @@ class RayWorkerGroup:
         return FailedMessage(rank=rank, cause=self._death_cause(rank, exc))
 
     def _death_cause(self, rank: int, exc: BaseException) -> str:
-        p = self._placements[rank] if rank < len(self._placements) else {}
+        p = self._placements[rank] if rank < len(self._placements) else None
         text = str(exc).strip().splitlines()
         detail = next((line.strip() for line in text if "exit" in line.lower() or "killed" in line.lower()
                        or "OOM" in line), text[0] if text else "")
-        return (f"the worker process (pid {p.get('pid')}) on node {p.get('node_ip')} died: {detail}. It may have "
+        return (f"the worker process (pid {p.pid if p else None}) on node {p.node_ip if p else None} died: {detail}. It may have "
                 "been killed (OOM, SIGKILL) or its node lost")
 
     def flush(self, timeout: float) -> list[WorkerMessage]:
