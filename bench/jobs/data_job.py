@@ -94,7 +94,9 @@ def main():
     import ray
 
     # Both frameworks on the same embedded cluster settings (and never another cluster on this machine).
-    ray.init(address="local", include_dashboard=False)
+    # 4 logical CPUs on the 2-core machine: the 2 workers hold 2, and Ray Data's preprocessing tasks need
+    # CPUs of their own; with num_cpus=2 they never get one and the Ray Data runs stall (seen 2026-12-01).
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     api, api_torch = _api(args.framework)
     config = {"framework": args.framework, "input": args.input, "steps": args.steps, "data_root": args.data_root,
               "out": args.out}
