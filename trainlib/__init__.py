@@ -6,17 +6,36 @@ Example:
     >>> result = TorchTrainer(train_func, scaling_config=trainlib.ScalingConfig(num_workers=2)).fit()
 """
 
+from trainlib._internal.execution.trainer import DataParallelTrainer
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from trainlib.context import TrainContext, get_checkpoint, get_context, report
+from trainlib.context import (
+    TrainContext,
+    get_all_reported_checkpoints,
+    get_checkpoint,
+    get_context,
+    get_dataset_shard,
+    get_preemption_info,
+    report,
+)
+from trainlib.data import DataConfig
 from trainlib.errors import (
+    ControllerError,
     ResourcesUnavailableError,
     RunExistsError,
     StorageError,
     TrainingFailedError,
     TrainlibError,
     WorkerError,
+    WorkerGroupError,
+)
+from trainlib.preemption import PreemptionInfo
+from trainlib.reporting import (
+    CheckpointConsistencyMode,
+    CheckpointUploadMode,
+    ReportedCheckpoint,
+    ReportedCheckpointStatus,
 )
 from trainlib.result import Result
 
@@ -26,8 +45,16 @@ __all__ = [
     "Callback",
     "Checkpoint",
     "CheckpointConfig",
+    "CheckpointConsistencyMode",
+    "CheckpointUploadMode",
+    "ControllerError",
+    "DataConfig",
+    "DataParallelTrainer",
     "FailureConfig",
+    "PreemptionInfo",
     "ReportRecord",
+    "ReportedCheckpoint",
+    "ReportedCheckpointStatus",
     "ResourcesUnavailableError",
     "Result",
     "RunConfig",
@@ -39,7 +66,11 @@ __all__ = [
     "TrainingFailedError",
     "TrainlibError",
     "WorkerError",
+    "WorkerGroupError",
+    "get_all_reported_checkpoints",
     "get_checkpoint",
     "get_context",
+    "get_dataset_shard",
+    "get_preemption_info",
     "report",
 ]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import posixpath
 import shutil
 import tempfile
 from typing import Any, Iterator
@@ -11,8 +13,11 @@ from typing import Any, Iterator
 import fsspec
 
 from trainlib._internal.storage.commits import COMMIT_MARKER
-from trainlib._internal.util.filesystem import is_local_filesystem, resolve_filesystem, to_uri
+from trainlib._internal.util.filesystem import as_fsspec, is_local_filesystem, resolve_filesystem, to_uri
 from trainlib._internal.util.retry import with_retries
+
+# As Ray Train's: the checkpoint's metadata, a JSON file beside its files.
+METADATA_FILE = ".metadata.json"
 
 
 class Checkpoint:
@@ -31,8 +36,8 @@ class Checkpoint:
         ...     state = torch.load(os.path.join(folder, "model.pt"))
     """
 
-    def __init__(self, path: str | os.PathLike, filesystem: fsspec.AbstractFileSystem | None = None):
-        self.filesystem = filesystem or fsspec.filesystem("file")
+    def __init__(self, path: str | os.PathLike, filesystem: Any = None):
+        self.filesystem = as_fsspec(filesystem) if filesystem is not None else fsspec.filesystem("file")
         self.path = os.fspath(path)
 
     @classmethod
@@ -90,6 +95,25 @@ class Checkpoint:
             yield dest
         finally:
             shutil.rmtree(dest, ignore_errors=True)
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The metadata dict stored with the checkpoint (``{}`` when none): yours, and the trainer's ``metadata``."""
+        path = posixpath.join(self.path, METADATA_FILE)
+        if not with_retries(f"reading {self.uri}", lambda: self.filesystem.exists(path)):
+            return {}
+        return json.loads(with_retries(f"reading {self.uri}", lambda: self.filesystem.cat_file(path)))
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        """Store ``metadata`` (a JSON-able dict) with the checkpoint, replacing what was there."""
+        if not isinstance(metadata, dict):
+            raise TypeError(f"Checkpoint.set_metadata() takes a dict, got {type(metadata).__name__}.")
+        data = json.dumps(metadata).encode()
+        path = posixpath.join(self.path, METADATA_FILE)
+        with_retries(f"writing {self.uri}", lambda: self.filesystem.pipe_file(path, data))
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """Add ``metadata``'s keys to the checkpoint's metadata (overwriting the same keys)."""
+        self.set_metadata({**self.get_metadata(), **metadata})
 
     def __repr__(self) -> str:
         return f"Checkpoint(path={self.uri!r})"

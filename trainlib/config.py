@@ -31,7 +31,12 @@ class ScalingConfig:
     """How many workers to run and what each one holds.
 
     Args:
-        num_workers: number of training workers (one process each, one rank each).
+        num_workers: number of training workers (one process each, one rank each),
+            or a ``(min_workers, max_workers)`` tuple for elastic training: the
+            group starts with as many workers as the cluster can hold now (at
+            least ``min_workers``), restarts from the latest checkpoint with fewer
+            when a node is lost, and grows (a restart from the latest checkpoint)
+            when room for more appears, checked every ``elastic_resize_monitor_interval_s``.
         use_gpu: give each worker one GPU (unless ``resources_per_worker`` says
             otherwise) and use the nccl backend.
         resources_per_worker: Ray resources per worker, e.g. ``{"CPU": 2, "GPU": 1}``.
@@ -39,30 +44,44 @@ class ScalingConfig:
         placement_strategy: Ray placement-group strategy: PACK, SPREAD,
             STRICT_PACK or STRICT_SPREAD.
         placement_timeout_s: how long to wait for the cluster to grant the
-            workers' resources before failing. A request the cluster can never
-            hold fails at once, without waiting.
+            workers' resources (``min_workers`` of them when elastic) before
+            failing. A request the cluster can never hold fails at once, without waiting.
+        elastic_resize_monitor_interval_s: with elastic ``num_workers``, how often a
+            run below ``max_workers`` checks whether the cluster has room for more.
 
     Example:
         >>> ScalingConfig(num_workers=2, use_gpu=False)
+        >>> ScalingConfig(num_workers=(1, 4))  # elastic: 1 to 4 workers
     """
 
-    num_workers: int = 1
+    num_workers: int | tuple[int, int] = 1
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
     placement_strategy: str = "PACK"
     placement_timeout_s: float = 120.0
+    elastic_resize_monitor_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int):
+        if isinstance(self.num_workers, list):
+            self.num_workers = tuple(self.num_workers)  # a tuple that went through JSON
+        counts = self.num_workers if isinstance(self.num_workers, tuple) else (self.num_workers,)
+        if len(counts) not in (1, 2) or any(isinstance(n, bool) or not isinstance(n, int) for n in counts):
             raise TypeError(
-                f"ScalingConfig.num_workers must be an int, got {self.num_workers!r}. "
-                "Pass the number of training workers, e.g. ScalingConfig(num_workers=2)."
+                f"ScalingConfig.num_workers must be an int or a (min_workers, max_workers) tuple of ints, got "
+                f"{self.num_workers!r}: e.g. ScalingConfig(num_workers=2) or ScalingConfig(num_workers=(1, 4))."
             )
-        if self.num_workers < 1:
+        if min(counts) < 1:
             raise ValueError(
                 f"ScalingConfig.num_workers={self.num_workers} is invalid: at least 1 worker is "
                 "needed, e.g. ScalingConfig(num_workers=2)."
             )
+        if len(counts) == 2 and counts[0] > counts[1]:
+            raise ValueError(
+                f"ScalingConfig.num_workers={self.num_workers} is invalid: min_workers={counts[0]} must be <= "
+                f"max_workers={counts[1]}, e.g. num_workers=(1, 4)."
+            )
+        _require_number("ScalingConfig", "elastic_resize_monitor_interval_s", self.elastic_resize_monitor_interval_s,
+                        minimum=0, fix="use a non-negative number of seconds, e.g. 60.")
         if not isinstance(self.use_gpu, bool):
             raise TypeError(f"ScalingConfig.use_gpu must be True or False, got {self.use_gpu!r}.")
         if self.resources_per_worker is not None:
@@ -90,6 +109,21 @@ class ScalingConfig:
                         fix="use a positive number of seconds, e.g. 120.")
 
     @property
+    def elasticity_enabled(self) -> bool:
+        """Whether ``num_workers`` is a ``(min, max)`` range."""
+        return isinstance(self.num_workers, tuple)
+
+    @property
+    def min_workers(self) -> int:
+        """The fewest workers the run trains with."""
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers the run trains with."""
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
     def worker_resources(self) -> dict[str, float]:
         """The Ray resources one worker reserves (CPU and GPU included)."""
         resources = dict(self.resources_per_worker or {})
@@ -100,8 +134,8 @@ class ScalingConfig:
 
     @property
     def total_resources(self) -> dict[str, float]:
-        """The Ray resources the whole worker group reserves."""
-        return {k: v * self.num_workers for k, v in self.worker_resources.items()}
+        """The Ray resources the whole worker group reserves (at its largest, when elastic)."""
+        return {k: v * self.max_workers for k, v in self.worker_resources.items()}
 
 
 @dataclasses.dataclass
@@ -109,8 +143,12 @@ class CheckpointConfig:
     """Which committed checkpoints to keep.
 
     Args:
-        num_to_keep: keep at most this many checkpoints (``None`` keeps all).
-            The latest checkpoint is always kept, so a run can always resume.
+        num_to_keep: keep this many checkpoints, the best ones (``None`` keeps all).
+            While the run is unfinished (running, or failed) the latest
+            checkpoint is kept as well, so that the run can resume, even when it
+            is not one of the best; it is not listed in ``Result.best_checkpoints``
+            and it is deleted when the run finishes, so a finished run holds
+            exactly ``num_to_keep`` checkpoints.
         checkpoint_score_attribute: the reported metric that ranks checkpoints;
             ``None`` ranks them by recency (keep the latest N).
         checkpoint_score_order: ``"max"`` (higher is better) or ``"min"``.
@@ -154,6 +192,10 @@ class FailureConfig:
             the other ranks may still run: a warning names them at half of it,
             then the attempt fails (a failure like any other). ``None`` waits
             without a bound. Default 1800 s.
+        max_preemption_failures: restarts allowed, counted apart from
+            ``max_failures``, when the failure is a node preemption (a node that
+            Ray was draining, e.g. a spot instance being reclaimed); -1 (default)
+            restarts without limit, 0 treats preemptions as ordinary failures.
 
     Example:
         >>> FailureConfig(max_failures=2, straggler_timeout_s=600)
@@ -161,6 +203,7 @@ class FailureConfig:
 
     max_failures: int = 0
     straggler_timeout_s: float | None = tunables.DEFAULT_STRAGGLER_TIMEOUT_S
+    max_preemption_failures: int = -1
 
     def __post_init__(self) -> None:
         if isinstance(self.max_failures, bool) or not isinstance(self.max_failures, int) or self.max_failures < -1:
@@ -171,6 +214,12 @@ class FailureConfig:
         if self.straggler_timeout_s is not None:
             _require_number("FailureConfig", "straggler_timeout_s", self.straggler_timeout_s, minimum=0.1,
                             fix="use a positive number of seconds (e.g. 600), or None to wait without a bound.")
+        if (isinstance(self.max_preemption_failures, bool) or not isinstance(self.max_preemption_failures, int)
+                or self.max_preemption_failures < -1):
+            raise ValueError(
+                f"FailureConfig.max_preemption_failures={self.max_preemption_failures!r} is invalid: use -1 "
+                "(unlimited, the default), 0 (count preemptions as failures) or a positive int."
+            )
 
 
 IF_EXISTS_CHOICES = ("resume", "overwrite", "error")

@@ -11,14 +11,6 @@ class TrainlibError(Exception):
     """Base class of every error trainlib raises on purpose."""
 
 
-class ResourcesUnavailableError(TrainlibError):
-    """The cluster can never hold, or did not grant in time, what the run asked for."""
-
-
-class StorageError(TrainlibError):
-    """Run storage could not be read or written (after retries)."""
-
-
 class RunExistsError(TrainlibError):
     """A run with the same name already exists in the storage path."""
 
@@ -48,16 +40,40 @@ class WorkerError(TrainlibError):
 
 
 class TrainingFailedError(TrainlibError):
-    """``fit()`` failed: the last worker failure, with the history of every earlier one.
+    """``fit()`` failed: a :class:`WorkerGroupError` (the workers) or a :class:`ControllerError` (the driver).
 
-    Attributes:
-        failures: one :class:`WorkerError` per failed attempt, oldest first.
+    As in Ray Train, ``except trainlib.TrainingFailedError`` catches every way a run can fail once started.
     """
 
-    def __init__(self, failures: list[WorkerError], max_failures: int = 0):
+
+class WorkerGroupError(TrainingFailedError):
+    """Training workers failed more often than ``FailureConfig`` allows.
+
+    Attributes:
+        worker_failures: world rank -> the exception that rank raised in the last
+            attempt (the original exception object when it unpickles on the driver,
+            else the rank's :class:`WorkerError`, whose text holds the traceback).
+            A rank that failed only because a peer died first is listed too.
+        failures: one :class:`WorkerError` per failed attempt, oldest first; the
+            last one is the root cause of the final failure.
+        max_failures: the ``FailureConfig.max_failures`` the run had.
+
+    Example:
+        >>> try:
+        ...     trainer.fit()
+        ... except trainlib.WorkerGroupError as error:
+        ...     for rank, exc in error.worker_failures.items(): print(rank, repr(exc))
+    """
+
+    def __init__(self, failures: list[WorkerError], max_failures: int = 0,
+                 worker_failures: dict[int, BaseException] | None = None):
         self.failures = list(failures)
         self.max_failures = max_failures
-        super().__init__(self.failures, max_failures)
+        if worker_failures is None:
+            last = self.failures[-1] if self.failures else None
+            worker_failures = {last.rank: last.__cause__ or last} if last is not None else {}
+        self.worker_failures = dict(worker_failures)
+        super().__init__(self.failures, max_failures, self.worker_failures)
 
     def __str__(self) -> str:
         last = self.failures[-1]
@@ -71,3 +87,34 @@ class TrainingFailedError(TrainlibError):
                 f"{self.max_failures}) allows no more restarts. Failure history:\n{attempts}"
             )
         return text
+
+
+class ControllerError(TrainingFailedError):
+    """The driver side of a run failed (scheduling, storage, trainlib itself), not a worker.
+
+    Attributes:
+        controller_failure: the exception that stopped the controller (the error itself
+            for :class:`ResourcesUnavailableError` and :class:`StorageError`).
+    """
+
+    def __init__(self, controller_failure: BaseException | str):
+        if isinstance(controller_failure, BaseException):
+            self.controller_failure = controller_failure
+            message = f"Training failed due to a controller error: {type(controller_failure).__name__}: " \
+                      f"{controller_failure}"
+        else:
+            self.controller_failure = self
+            message = controller_failure
+        super().__init__(controller_failure)  # args: pickles back to the same error
+        self._message = message
+
+    def __str__(self) -> str:
+        return self._message
+
+
+class ResourcesUnavailableError(ControllerError):
+    """The cluster can never hold, or did not grant in time, what the run asked for."""
+
+
+class StorageError(ControllerError):
+    """Run storage could not be read or written (after retries)."""

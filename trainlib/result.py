@@ -6,7 +6,7 @@ import dataclasses
 import os
 from typing import Any
 
-from trainlib._internal.storage.retention import rank_checkpoints
+from trainlib._internal.storage.retention import best_checkpoints
 from trainlib._internal.storage.run_record import RunRecord, RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.checkpoint import Checkpoint
@@ -25,9 +25,12 @@ class Result:
         error: the exception that ended the run, or None if it finished.
         metrics_dataframe: every report as a row (``step``, ``attempt``,
             ``timestamp``, ``checkpoint`` and the metrics), or None.
-        best_checkpoints: the kept checkpoints as ``(Checkpoint, metrics)``,
-            best first (by ``checkpoint_score_attribute``, else newest first).
-        filesystem: the fsspec filesystem of ``path``.
+        best_checkpoints: the ``num_to_keep`` best checkpoints as ``(Checkpoint, metrics)``,
+            in Ray Train's order: by ``checkpoint_score_attribute``, best last,
+            or in report order without one. The latest checkpoint that an
+            unfinished run keeps for resuming is not among them unless it is one of the best.
+        filesystem: the filesystem of ``path``: the one given as ``storage_filesystem``
+            (fsspec or ``pyarrow.fs``), else the fsspec filesystem of the storage URL.
 
     Example:
         >>> result = trainer.fit()
@@ -48,14 +51,14 @@ class Result:
 
     @classmethod
     def from_storage(cls, storage: RunStorage, checkpoint_config: CheckpointConfig,
-                     error: BaseException | None = None) -> "Result":
+                     error: BaseException | None = None, filesystem: Any = None) -> "Result":
         import pandas as pd
 
         # Commit order can differ from step order when a dead rank's reports are recovered late.
         rows = sorted(storage.read_metrics_log(), key=lambda r: (int(r.get("attempt", 0)), int(r["step"])))
         committed = storage.committed_checkpoints()
         latest = committed[-1] if committed else None
-        best = rank_checkpoints(committed, checkpoint_config)
+        best = best_checkpoints(committed, checkpoint_config)
         return cls(
             metrics=rows[-1]["metrics"] if rows else None,
             checkpoint=Checkpoint(latest.path, storage.fs) if latest else None,
@@ -66,7 +69,7 @@ class Result:
                   "checkpoint": r.get("checkpoint")} for r in rows]
             ) if rows else None,
             best_checkpoints=[(Checkpoint(c.path, storage.fs), c.metrics) for c in best],
-            filesystem=storage.fs,
+            filesystem=filesystem if filesystem is not None else storage.fs,
         )
 
     @classmethod
@@ -93,4 +96,5 @@ class Result:
                     f"The run is recorded {record.status.value} but its driver ({lease.describe()}) is gone: {gone}. "
                     "It ended without recording how (killed, or its storage failed). Its committed checkpoints are "
                     "intact: run fit() again with the same RunConfig(name, storage_path) to resume it.")
-        return cls.from_storage(storage, CheckpointConfig(**record.checkpoint_config), error)
+        return cls.from_storage(storage, CheckpointConfig(**record.checkpoint_config), error,
+                                filesystem=storage_filesystem)

@@ -154,14 +154,19 @@ def bad_metrics_train_func(config):
     trainlib.report(config["metrics"])
 
 
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("no pickling here")
+
+
 @pytest.mark.parametrize("metrics, expected", [
-    ([1, 2], "takes a dict of numbers, got list"),
-    ({"loss": [0.1, 0.2]}, "metrics['loss'] is list"),
-    ({"loss": "low"}, "metrics['loss'] is str"),
+    ([1, 2], "takes a dict, got list"),
     ({"loss": torch.tensor(0.5)}, "call .item()"),
+    ({"loss": torch.ones(3)}, "torch tensor"),
     ({1: 0.5}, "metric names must be strings"),
 ])
-def test_report_rejects_non_numeric_metrics(ray_session, storage_path, metrics, expected):
+def test_report_rejects_what_ray_train_rejects(ray_session, storage_path, metrics, expected):
+    # Any picklable value is a valid metric (tests/parity/test_reporting.py); tensors and non-str keys are not.
     with pytest.raises(trainlib.TrainingFailedError) as info:
         TorchTrainer(bad_metrics_train_func, train_loop_config={"metrics": metrics},
                      scaling_config=trainlib.ScalingConfig(num_workers=1),
@@ -169,14 +174,17 @@ def test_report_rejects_non_numeric_metrics(ray_session, storage_path, metrics, 
     assert expected in str(info.value)
 
 
-def test_report_accepts_numpy_and_python_scalars():
+def test_report_makes_numpy_values_plain_and_refuses_unpicklable_ones():
     import numpy as np
 
-    from trainlib._internal.execution.session import validate_metrics
+    from trainlib._internal.metrics import clean_metrics
 
-    clean = validate_metrics({"a": np.float32(0.5), "b": 3, "c": True, "d": np.int64(7)})
-    assert clean == {"a": 0.5, "b": 3, "c": True, "d": 7}
-    assert type(clean["a"]) is float
+    clean = clean_metrics({"a": np.float32(0.5), "b": 3, "c": True, "d": np.int64(7), "e": np.arange(3),
+                           "f": "text", "g": [np.float64(1.5)]})
+    assert clean == {"a": 0.5, "b": 3, "c": True, "d": 7, "e": [0, 1, 2], "f": "text", "g": [1.5]}
+    assert type(clean["a"]) is float and type(clean["g"][0]) is float
+    with pytest.raises(TypeError, match=r"metrics\['h'\].*cannot be pickled"):
+        clean_metrics({"h": _Unpicklable()})
 
 
 @pytest.mark.parametrize("call", [
@@ -191,10 +199,14 @@ def test_worker_functions_outside_a_worker_say_where_to_call_them(call):
 
 def test_public_api_is_pinned():
     assert sorted(trainlib.__all__) == sorted([
-        "Callback", "Checkpoint", "CheckpointConfig", "FailureConfig", "ReportRecord",
-        "ResourcesUnavailableError", "Result", "RunConfig", "RunExistsError", "RunInfo", "ScalingConfig",
-        "StorageError", "TrainContext", "TrainingFailedError", "TrainlibError", "WorkerError",
-        "get_checkpoint", "get_context", "report",
+        "Callback", "Checkpoint", "CheckpointConfig", "CheckpointConsistencyMode", "CheckpointUploadMode",
+        "ControllerError", "DataConfig", "DataParallelTrainer", "FailureConfig", "PreemptionInfo", "ReportRecord",
+        "ReportedCheckpoint", "ReportedCheckpointStatus", "ResourcesUnavailableError", "Result", "RunConfig",
+        "RunExistsError", "RunInfo", "ScalingConfig", "StorageError", "TrainContext", "TrainingFailedError",
+        "TrainlibError", "WorkerError", "WorkerGroupError", "get_all_reported_checkpoints", "get_checkpoint",
+        "get_context", "get_dataset_shard", "get_preemption_info", "report",
     ])
-    assert sorted(trainlib_torch.__all__) == ["TorchConfig", "TorchTrainer", "get_device", "prepare_data_loader",
-                                              "prepare_model"]
+    assert sorted(trainlib_torch.__all__) == [
+        "TorchConfig", "TorchTrainer", "accelerate", "backward", "enable_reproducibility", "get_device",
+        "get_devices", "prepare_data_loader", "prepare_model", "prepare_optimizer",
+    ]

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from trainlib._internal.storage.commits import CommittedCheckpoint
-from trainlib._internal.storage.retention import checkpoints_to_delete, rank_checkpoints, warn_if_unscored
+from trainlib._internal.storage.retention import best_checkpoints, checkpoints_to_delete, rank_checkpoints, warn_if_unscored
 from trainlib.config import CheckpointConfig
 
 
@@ -23,8 +23,8 @@ def steps(checkpoints):
     return sorted(c.step for c in checkpoints)
 
 
-def kept(checkpoints, config):
-    doomed = {c.step for c in checkpoints_to_delete(checkpoints, config)}
+def kept(checkpoints, config, keep_latest=True):
+    doomed = {c.step for c in checkpoints_to_delete(checkpoints, config, keep_latest)}
     return [c.step for c in checkpoints if c.step not in doomed]
 
 
@@ -37,22 +37,26 @@ def test_num_to_keep_none_keeps_everything():
 def test_without_score_keeps_the_latest_n():
     all_ = ckpts(0.9, 0.8, 0.7, 0.1, 0.2)
     assert kept(all_, CheckpointConfig(num_to_keep=2)) == [4, 5]
-    assert [c.step for c in rank_checkpoints(all_, CheckpointConfig())] == [5, 4, 3, 2, 1]
+    assert [c.step for c in rank_checkpoints(all_, CheckpointConfig())] == [1, 2, 3, 4, 5]  # Ray: report order
 
 
 def test_max_order_keeps_the_highest_scores_and_the_latest():
     all_ = ckpts(0.5, 0.9, 0.7, 0.8, 0.1)
     config = CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="acc", checkpoint_score_order="max")
-    assert [c.step for c in rank_checkpoints(all_, config)] == [2, 4, 3, 1, 5]
-    # Best two are steps 2 and 4; step 5 is the latest, so it stays too.
+    assert [c.step for c in rank_checkpoints(all_, config)] == [5, 1, 3, 4, 2]  # Ray: best last
+    assert [c.step for c in best_checkpoints(all_, config)] == [4, 2]
+    # Best two are steps 2 and 4; step 5 is the latest, so it stays too while the run is unfinished.
     assert kept(all_, config) == [2, 4, 5]
+    # A finished run keeps exactly the two best.
+    assert kept(all_, config, keep_latest=False) == [2, 4]
 
 
 def test_min_order_keeps_the_lowest_scores_and_the_latest():
     all_ = ckpts(0.5, 0.9, 0.2, 0.3, 0.7)
     config = CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="acc", checkpoint_score_order="min")
-    assert [c.step for c in rank_checkpoints(all_, config)] == [3, 4, 1, 5, 2]
+    assert [c.step for c in rank_checkpoints(all_, config)] == [2, 5, 1, 4, 3]
     assert kept(all_, config) == [3, 4, 5]
+    assert kept(all_, config, keep_latest=False) == [3, 4]
 
 
 def test_latest_is_kept_even_when_it_is_the_worst():
@@ -67,7 +71,7 @@ def test_missing_or_nan_score_ranks_last_and_warns(caplog):
     for order in ("max", "min"):
         config = CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="acc", checkpoint_score_order=order)
         ranked = [c.step for c in rank_checkpoints(all_, config)]
-        assert set(ranked[-2:]) == {2, 3}, (order, ranked)
+        assert set(ranked[:2]) == {2, 3}, (order, ranked)
     config = CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="acc", checkpoint_score_order="min")
     assert kept(all_, config) == [1, 5]
     with caplog.at_level(logging.WARNING, logger="trainlib"):
@@ -77,7 +81,8 @@ def test_missing_or_nan_score_ranks_last_and_warns(caplog):
 
 def test_ties_prefer_the_newer_checkpoint():
     config = CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="acc")
-    assert [c.step for c in rank_checkpoints(ckpts(0.5, 0.5, 0.1), config)][:2] == [2, 1]
+    assert [c.step for c in rank_checkpoints(ckpts(0.5, 0.5, 0.1), config)][-2:] == [1, 2]
+    assert [c.step for c in best_checkpoints(ckpts(0.5, 0.5, 0.1), config)] == [2]
 
 
 def test_applying_retention_repeatedly_is_stable():

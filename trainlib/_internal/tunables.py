@@ -55,3 +55,13 @@ MLFLOW_PROBE_TIMEOUT_S = 3.0
 
 # The longest metric name report() accepts (MLflow's limit for metric keys).
 MAX_METRIC_NAME_LENGTH = 250
+
+# get_all_reported_checkpoints() polls the run's metrics log this often while it waits for commits.
+COMMIT_POLL_INTERVAL_S = 0.1
+
+# How often the driver asks Ray which nodes it is draining (a preemption of the run's nodes).
+PREEMPTION_POLL_INTERVAL_S = 1.0
+
+# Elastic runs: after a group stops, its resources return to Ray a moment later; the next group's size
+# is the most workers seen to fit within this long.
+ELASTIC_SETTLE_S = 2.0

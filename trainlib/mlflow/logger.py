@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow.tracking import MlflowClient
 
+from trainlib._internal.metrics import is_number
 from trainlib._internal.storage.run_record import RunStatus
 from trainlib._internal.tracking.params import truncate
 from trainlib._internal.tracking.spool import Spool, describe_records
@@ -138,6 +139,7 @@ class MLflowLogger(Callback):
         self._sender: RecordSender | None = None
         self._failures = 0
         self._saved: dict[str, Any] = {}  # the state an earlier fit() of this run saved (load_state_dict)
+        self._skipped_keys: set[str] = set()  # non-numeric metric names already warned about
 
     def __getstate__(self) -> dict[str, Any]:
         # The trainer may pickle its config; a live client is not needed elsewhere.
@@ -194,7 +196,12 @@ class MLflowLogger(Callback):
                     redact_url(self._uri))
 
     def after_report(self, run: RunInfo, report: ReportRecord) -> None:
-        metrics = {k: v for k, v in report.metrics.items() if isinstance(v, (int, float))}
+        metrics = {k: v for k, v in report.metrics.items() if is_number(v)}
+        skipped = sorted(set(report.metrics) - set(metrics) - self._skipped_keys)
+        if skipped:  # strings, lists, objects: kept in the run's metrics, but MLflow metrics are numbers
+            self._skipped_keys.update(skipped)
+            logger.warning("MLflow logs only numeric metrics: %s (reported from step %d on) not logged to MLflow; "
+                           "they are kept in Result.metrics and metrics_dataframe.", ", ".join(skipped), report.step)
         if metrics:
             self._emit({"kind": "metrics", "step": report.step, "metrics": metrics,
                         "timestamp": int(report.reported_at * 1000)})

@@ -4,8 +4,22 @@ Example:
     >>> from trainlib.torch import TorchTrainer, prepare_model, prepare_data_loader
 """
 
+from trainlib.torch.amp import accelerate, backward, prepare_optimizer
 from trainlib.torch.config import TorchConfig
-from trainlib.torch.prepare import get_device, prepare_data_loader, prepare_model
+from trainlib.torch.devices import get_device, get_devices
+from trainlib.torch.prepare import prepare_data_loader, prepare_model
+from trainlib.torch.reproducibility import enable_reproducibility
 from trainlib.torch.trainer import TorchTrainer
 
-__all__ = ["TorchConfig", "TorchTrainer", "get_device", "prepare_data_loader", "prepare_model"]
+__all__ = [
+    "TorchConfig",
+    "TorchTrainer",
+    "accelerate",
+    "backward",
+    "enable_reproducibility",
+    "get_device",
+    "get_devices",
+    "prepare_data_loader",
+    "prepare_model",
+    "prepare_optimizer",
+]

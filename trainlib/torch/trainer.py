@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from trainlib._internal.execution.trainer import DataParallelTrainer
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import RunConfig, ScalingConfig
+from trainlib.data import DataConfig
 from trainlib.torch._backend import TorchBackend
 from trainlib.torch.config import TorchConfig
 
@@ -26,6 +27,9 @@ class TorchTrainer(DataParallelTrainer):
         torch_config: process-group backend and timeout.
         resume_from_checkpoint: a checkpoint to start from (``get_checkpoint()``
             returns it) when the run has none of its own.
+        datasets: ``{name: ray.data.Dataset}``, read in workers with ``trainlib.get_dataset_shard(name)``.
+        dataset_config: how the datasets are split among workers (:class:`trainlib.DataConfig`).
+        metadata: a JSON-able dict stored with every checkpoint (``checkpoint.get_metadata()``).
 
     Example:
         >>> trainer = TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=2))
@@ -34,7 +38,9 @@ class TorchTrainer(DataParallelTrainer):
 
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: dict | None = None,
                  scaling_config: ScalingConfig | None = None, run_config: RunConfig | None = None,
-                 torch_config: TorchConfig | None = None, resume_from_checkpoint: Checkpoint | None = None):
+                 torch_config: TorchConfig | None = None, resume_from_checkpoint: Checkpoint | None = None,
+                 datasets: dict[str, Any] | None = None, dataset_config: DataConfig | None = None,
+                 metadata: dict[str, Any] | None = None):
         scaling_config = scaling_config or ScalingConfig()
         torch_config = torch_config or TorchConfig()
         if not isinstance(torch_config, TorchConfig):
@@ -44,5 +50,6 @@ class TorchTrainer(DataParallelTrainer):
         super().__init__(
             train_loop_per_worker, train_loop_config=train_loop_config, scaling_config=scaling_config,
             run_config=run_config, resume_from_checkpoint=resume_from_checkpoint,
-            backend=TorchBackend(torch_config, scaling_config.use_gpu),
+            backend=TorchBackend(torch_config, scaling_config.use_gpu), datasets=datasets,
+            dataset_config=dataset_config, metadata=metadata,
         )

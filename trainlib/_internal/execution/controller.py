@@ -28,16 +28,18 @@ import cloudpickle
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.callback_runner import CallbackRunner
+from trainlib._internal.execution.commit import commit_folder, write_metadata
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
+from trainlib._internal.execution.monitor import PreemptionWatcher, ScalingPolicy
 from trainlib._internal.execution.spec import AttemptSpec, Placement
-from trainlib._internal.storage.commits import CommittedCheckpoint, checkpoint_dir_name, merge_manifests
+from trainlib._internal.storage.commits import CommittedCheckpoint, merge_manifests
 from trainlib._internal.storage.retention import checkpoints_to_delete, warn_if_unscored
 from trainlib._internal.storage.run_record import RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig, FailureConfig
-from trainlib.errors import StorageError, TrainingFailedError, WorkerError
+from trainlib.errors import StorageError, WorkerError, WorkerGroupError
 
 logger = logging.getLogger("trainlib")
 
@@ -65,18 +67,31 @@ class FailurePolicy:
         return self.max_failures < 0 or failures_so_far <= self.max_failures
 
 
+# _collect's answer when the group should restart bigger (an elastic run that found room).
+RESIZE = "resize"
+
+
 class Controller:
     """Runs attempts of a worker group until the training function finishes on every rank."""
 
     def __init__(self, *, storage: RunStorage, make_worker_group: Callable[[], WorkerGroup], checkpoint_config: CheckpointConfig,
                  failure_config: FailureConfig, callbacks: list[Callback], run_info: RunInfo,
                  start_checkpoint: Checkpoint | None = None, metrics_rows: list[dict[str, Any]] | None = None,
-                 committed: list[CommittedCheckpoint] | None = None, verbose: bool = True, lease: Any = None):
+                 committed: list[CommittedCheckpoint] | None = None, verbose: bool = True,
+                 scaling_policy: ScalingPolicy | None = None, metadata: dict[str, Any] | None = None,
+                 lease: Any = None):
         self.storage = storage
         self.make_worker_group = make_worker_group
         self.checkpoint_config = checkpoint_config
         self.policy = FailurePolicy(failure_config.max_failures)
         self.straggler_timeout_s = failure_config.straggler_timeout_s
+        self.preemption_policy = FailurePolicy(failure_config.max_preemption_failures)
+        self.scaling_policy = scaling_policy  # elastic sizing and growth; None: a fixed group, no monitoring
+        self.watcher = PreemptionWatcher() if scaling_policy is not None else None
+        self.metadata = metadata
+        self.preemptions: list[WorkerError] = []
+        self.last_failures: list[WorkerError] = []  # every rank's failure in the last failed attempt
+        self._node_ids: list[str] = []
         self.callbacks = callbacks
         self.callback_runner = CallbackRunner(callbacks)  # hooks run off the commit path
         self.lease = lease  # the run's lease (RunLease): checked before each commit
@@ -109,14 +124,20 @@ class Controller:
             if failure is None:
                 self.state = RunStatus.FINISHED
                 return
-            self.failures.append(failure)
-            will_restart = self.policy.should_restart(len(self.failures))
+            self.state = RunStatus.RESTARTING
+            self.attempt += 1
+            if failure == RESIZE:
+                continue
+            preempted = self.watcher is not None and self.watcher.caused(failure, self._node_ids)
+            counted = self.preemptions if preempted and self.preemption_policy.max_failures != 0 else self.failures
+            counted.append(failure)
+            policy = self.preemption_policy if counted is self.preemptions else self.policy
+            will_restart = policy.should_restart(len(counted))
             self._notify("after_failure", self.run_info, failure, will_restart)
             if not will_restart:
                 self.state = RunStatus.FAILED
-                raise TrainingFailedError(self.failures, self.policy.max_failures)
-            self.state = RunStatus.RESTARTING
-            self.attempt += 1
+                raise WorkerGroupError(counted, policy.max_failures,
+                                       {f.rank: f.__cause__ or f for f in self.last_failures or [failure]})
             latest = self.latest_checkpoint()
             logger.warning("Worker rank %d failed (%s); restarting the group (restart %d%s) from %s.",
                            failure.rank, failure.cause, len(self.failures),
@@ -146,6 +167,7 @@ class Controller:
         plan = group.start(AttemptSpec(attempt=self.attempt, storage=self.storage,
                                        checkpoint=self.latest_checkpoint(), first_step=first_step))
         world_size = len(placements)
+        self._node_ids = [placements[i].node_id for i in getattr(plan, "order", range(world_size))]
         self.state = RunStatus.RUNNING
         return self._collect(group, world_size, plan)
 
@@ -168,6 +190,9 @@ class Controller:
                                    "after %.0f s (FailureConfig.straggler_timeout_s).", _ranks(running).capitalize(),
                                    waited, _ranks(sorted(done)), self.straggler_timeout_s)
                 timeout = (self.straggler_timeout_s if warned else self.straggler_timeout_s / 2) - waited
+            if self.scaling_policy is not None:  # elastic runs also wake up to watch nodes and growth
+                poll = self._poll_interval(world_size)
+                timeout = poll if timeout is None else min(timeout, poll)
             for message in group.wait(timeout):
                 if isinstance(message, ReportMessage):
                     self._add_report(pending, world_size, message)
@@ -182,7 +207,12 @@ class Controller:
                             self._add_report(pending, world_size, late)
                         elif isinstance(late, FailedMessage):
                             failures.append(self._worker_error(late, plan))
+                    self.last_failures = failures
                     return root_cause(failures)
+            if self.scaling_policy is not None and not done:  # both rate-limit themselves
+                self.watcher.check(group)
+                if self.scaling_policy.should_grow(world_size):
+                    return RESIZE
         if pending:
             # Every rank's last step this attempt (committed steps were reported by all ranks).
             counts = {rank: min(pending) - 1 for rank in range(world_size)}
@@ -217,6 +247,11 @@ class Controller:
 
     # -- reports -----------------------------------------------------------------
 
+    def _poll_interval(self, world_size: int) -> float:
+        growth = self.scaling_policy.poll_interval(world_size)
+        return min(self.watcher.poll_interval() or tunables.PREEMPTION_POLL_INTERVAL_S,
+                   growth if growth is not None else float("inf"))
+
     def _add_report(self, pending: dict[int, dict[int, ReportMessage]], world_size: int,
                     message: ReportMessage) -> None:
         if message.step not in pending and any(c.step == message.step for c in self.committed):
@@ -228,17 +263,23 @@ class Controller:
     def _commit(self, step: int, ranks: dict[int, ReportMessage]) -> None:
         metrics = ranks[0].metrics
         manifests = {rank: r.manifest for rank, r in ranks.items() if r.manifest is not None}
+        placements = [r.placement for r in ranks.values() if r.placement is not None]
         checkpoint = None
         if self.lease is not None:
             self.lease.check()  # never commit into a run that another driver took over
-        if manifests:
-            merged = self._merge_manifests(step, manifests)
-            committed = self.storage.commit_checkpoint(step, metrics, merged)
+        if manifests or placements:
+            dir_name = commit_folder(step, placements)
+            path = self.storage.checkpoint_path(step, dir_name)
+            merged = self._merge_manifests(step, path, manifests)
+            if any(p.in_place for p in placements):  # written by the user: complete now that every rank reported
+                merged.update(self.storage.list_files(path))
+            write_metadata(self.storage, path, self.metadata, merged)
+            committed = self.storage.commit_checkpoint(step, metrics, merged, dir_name)
             self.committed = sorted([c for c in self.committed if c.step != step] + [committed], key=lambda c: c.step)
             warn_if_unscored(committed, self.checkpoint_config)
             checkpoint = Checkpoint(committed.path, self.storage.fs)
         row = {"step": step, "attempt": self.attempt, "time": max(r.reported_at for r in ranks.values()),
-               "checkpoint": checkpoint_dir_name(step) if checkpoint else None, "metrics": metrics}
+               "checkpoint": posixpath.basename(checkpoint.path) if checkpoint else None, "metrics": metrics}
         self.metrics_rows.append(row)
         self.storage.append_metrics_row(row, self.metrics_rows)
         if checkpoint is not None:
@@ -251,11 +292,11 @@ class Controller:
                      ReportRecord(step=step, metrics=metrics, checkpoint=checkpoint, attempt=self.attempt,
                                   reported_at=row["time"]))
 
-    def _merge_manifests(self, step: int, manifests: dict[int, dict[str, int]]) -> dict[str, int]:
+    def _merge_manifests(self, step: int, path: str, manifests: dict[int, dict[str, int]]) -> dict[str, int]:
         merged, shared = merge_manifests(manifests)
         for rel, writers in shared.items():
             # The last upload won: record the stored size, so the commit stays verifiable.
-            merged[rel] = self.storage.fs.size(posixpath.join(self.storage.checkpoint_path(step), rel))
+            merged[rel] = self.storage.fs.size(posixpath.join(path, rel))
             if rel not in self._warned_shared:
                 self._warned_shared.add(rel)
                 logger.warning(

@@ -19,6 +19,14 @@ class MessageKind(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class CheckpointPlacement:
+    """Where a rank's checkpoint files of one report went."""
+
+    dir_name: str  # the checkpoint's folder in the run folder
+    in_place: bool = False  # written there by the user (NO_UPLOAD, checkpoint_upload_fn): list it at commit
+
+
+@dataclasses.dataclass(frozen=True)
 class ReportMessage:
     """One ``trainlib.report()`` of one rank, after its checkpoint files reached run storage."""
 
@@ -28,6 +36,7 @@ class ReportMessage:
     metrics: dict[str, Any]
     manifest: dict[str, int] | None  # the checkpoint's files {relpath: size}, None without a checkpoint
     reported_at: float
+    placement: CheckpointPlacement | None = None  # the checkpoint's folder, None without a checkpoint
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,35 +18,52 @@ def format_resources(resources: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {v}" for k, v in shown.items()) + "}"
 
 
+def workers_that_fit(scaling: ScalingConfig, resources_by_node: list[dict[str, float]]) -> int:
+    """How many workers of ``scaling`` these nodes' resources hold, under its placement strategy."""
+    per_worker = scaling.worker_resources
+    capacity = [min(int(math.floor(have.get(k, 0) / v + 1e-9)) for k, v in per_worker.items())
+                for have in resources_by_node]
+    if not capacity:
+        return 0
+    if scaling.placement_strategy == "STRICT_PACK":
+        return max(capacity)
+    if scaling.placement_strategy == "STRICT_SPREAD":
+        return sum(1 for c in capacity if c)
+    return sum(capacity)
+
+
+def available_workers(scaling: ScalingConfig) -> int:
+    """How many workers of ``scaling`` the cluster's free resources hold now (for elastic runs)."""
+    import ray
+
+    try:
+        from ray._private.state import available_resources_per_node
+
+        free = list(available_resources_per_node().values())
+    except (ImportError, AttributeError):  # Ray moved it: take the whole cluster as one node
+        free = [ray.available_resources()]
+    return workers_that_fit(scaling, free)
+
+
 def check_resources(scaling: ScalingConfig, nodes: list[dict[str, Any]]) -> None:
-    """Fail at once when the cluster's nodes can never hold the worker group."""
+    """Fail at once when the cluster's nodes can never hold the worker group (``min_workers`` when elastic)."""
     per_worker = scaling.worker_resources
     alive = [n for n in nodes if n.get("Alive", True)]
-
-    def workers_on(node: dict[str, Any]) -> int:
-        have = node.get("Resources", {})
-        return min(int(math.floor(have.get(k, 0) / v + 1e-9)) for k, v in per_worker.items())
-
-    capacity = [workers_on(n) for n in alive]
     cluster = format_resources({k: sum(n.get("Resources", {}).get(k, 0) for n in alive) for k in
                     set().union(*(n.get("Resources", {}) for n in alive)) | set(per_worker)})
     fix = ("lower ScalingConfig.num_workers or resources_per_worker"
            + (", or set use_gpu=False" if scaling.use_gpu else "")
            + ", or connect to a bigger Ray cluster (ray.init(address=...) / RAY_ADDRESS)")
-    if not any(capacity):
+    if not any(workers_that_fit(scaling, [n.get("Resources", {})]) for n in alive):
         raise ResourcesUnavailableError(
             f"Each worker asks for {format_resources(per_worker)}, but no node of the Ray cluster has that much "
             f"(the cluster has {cluster} over {len(alive)} node(s)): {fix}."
         )
-    if scaling.placement_strategy == "STRICT_PACK":
-        fits = max(capacity)
-    elif scaling.placement_strategy == "STRICT_SPREAD":
-        fits = sum(1 for c in capacity if c)
-    else:
-        fits = sum(capacity)
-    if fits < scaling.num_workers:
+    fits = workers_that_fit(scaling, [n.get("Resources", {}) for n in alive])
+    if fits < scaling.min_workers:
+        asked = scaling.num_workers if not scaling.elasticity_enabled else f"at least {scaling.min_workers}"
         raise ResourcesUnavailableError(
-            f"ScalingConfig asks for {scaling.num_workers} workers x {format_resources(per_worker)} "
+            f"ScalingConfig asks for {asked} workers x {format_resources(per_worker)} "
             f"({scaling.placement_strategy}), but the cluster has {cluster} over {len(alive)} node(s) and "
             f"can hold at most {fits} such workers: {fix}."
         )

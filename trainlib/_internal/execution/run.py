@@ -12,11 +12,13 @@ import cloudpickle
 from trainlib._internal import tunables
 from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.storage.commits import CommittedCheckpoint
+from trainlib._internal.storage.retention import checkpoints_to_delete
 from trainlib._internal.storage.run_record import RunFailure, RunRecord, RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib._internal.util.filesystem import declares_shared, resolve_filesystem
 from trainlib._internal.util.versions import trainlib_version
 from trainlib.callbacks import Callback, RunInfo
+from trainlib.checkpoint import Checkpoint
 from trainlib.config import RunConfig, ScalingConfig
 from trainlib.errors import RunExistsError
 from trainlib.result import Result
@@ -54,7 +56,7 @@ def run_storage(run_config: RunConfig, name: str) -> RunStorage:
 
 def open_run(run_config: RunConfig, name: str, *, restoring: bool, train_fn: TrainFunction,
              train_loop_config: dict | None, scaling_config: ScalingConfig,
-             storage: RunStorage | None = None) -> OpenedRun:
+             storage: RunStorage | None = None, extras: dict[str, Any] | None = None) -> OpenedRun:
     """Create the run folder, or resume or overwrite the one there per ``RunConfig.if_exists``.
 
     ``fit()`` passes the ``storage`` whose lease it holds, so no other driver changes the folder meanwhile.
@@ -91,7 +93,8 @@ def open_run(run_config: RunConfig, name: str, *, restoring: bool, train_fn: Tra
         checkpoint_config=public_fields(rc.checkpoint_config), failure_config=public_fields(rc.failure_config),
     )
     storage.write_bytes_atomic(storage.join(TRAINER_FILE),
-                               cloudpickle.dumps({"train_fn": train_fn, "scaling_config": scaling_config}))
+                               cloudpickle.dumps({"train_fn": train_fn, "scaling_config": scaling_config,
+                                                  **(extras or {})}))
     return OpenedRun(storage, record, [], [])
 
 
@@ -114,6 +117,8 @@ def close_run(run: OpenedRun, run_config: RunConfig, run_info: RunInfo, controll
     record.error = None if error is None else f"{type(error).__name__}: {error}"[:4000]
     record.failures = [RunFailure(rank=f.rank, cause=f.cause) for f in controller.failures]
     record.ended_at = time.time()
+    if error is None:
+        _drop_resume_checkpoint(run_config, controller)
     try:
         record.save(storage)
     except Exception as exc:  # noqa: BLE001 - keep the original error
@@ -122,7 +127,8 @@ def close_run(run: OpenedRun, run_config: RunConfig, run_info: RunInfo, controll
         logger.warning("Could not record the run's FAILED state: %s", exc)
     try:
         result = Result.from_storage(storage, run_config.checkpoint_config,
-                                     error if isinstance(error, Exception) else None)
+                                     error if isinstance(error, Exception) else None,
+                                     filesystem=run_config.storage_filesystem)
     except Exception as exc:  # noqa: BLE001 - after a failure, storage may be what failed
         if error is None:
             raise
@@ -147,6 +153,15 @@ def close_run(run: OpenedRun, run_config: RunConfig, run_info: RunInfo, controll
     return result
 
 
+def _drop_resume_checkpoint(run_config: RunConfig, controller: "Controller") -> None:
+    """A finished run needs no checkpoint to resume from: keep exactly the ``num_to_keep`` best."""
+    for doomed in checkpoints_to_delete(controller.committed, run_config.checkpoint_config, keep_latest=False):
+        controller.storage.delete_checkpoint(doomed.path)
+        controller.committed.remove(doomed)
+        controller._notify("after_checkpoint_deleted", controller.run_info,
+                           Checkpoint(doomed.path, controller.storage.fs))
+
+
 def _save_callback_states(record: RunRecord, callbacks: list[Callback]) -> bool:
     """Copy each callback's ``state_dict()`` into the record; True when something changed."""
     changed = False
@@ -156,6 +171,12 @@ def _save_callback_states(record: RunRecord, callbacks: list[Callback]) -> bool:
             record.callbacks[callback.state_key] = dict(state)
             changed = True
     return changed
+
+
+def load_trainer_extras(storage: RunStorage) -> dict[str, Any]:
+    """What else ``fit()`` stored for ``restore``: the dataset config, the dataset names, the metadata."""
+    saved = cloudpickle.loads(storage.fs.cat_file(storage.join(TRAINER_FILE)))
+    return {k: saved.get(k) for k in ("dataset_config", "dataset_names", "metadata")}
 
 
 def load_trainer_file(storage: RunStorage) -> tuple[Any, dict | None, ScalingConfig]:

@@ -10,52 +10,38 @@ order. Training waits only for the local copy.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import os
+import posixpath
 import queue
 import shutil
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
+from trainlib._internal import metrics as metric_values
 from trainlib._internal import tunables
 from trainlib._internal.execution import staging
-from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
+from trainlib._internal.execution.messages import (
+    CheckpointPlacement,
+    DoneMessage,
+    FailedMessage,
+    ReportMessage,
+    WorkerMessage,
+)
 from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
+from trainlib._internal.storage.commits import checkpoint_dir_name
 from trainlib.checkpoint import Checkpoint
+from trainlib.reporting import CheckpointUploadMode
 
 
-def validate_metrics(metrics: Any) -> dict[str, float | int]:
-    """Check that ``metrics`` is a flat dict of numeric scalars; return plain Python numbers."""
-    if not isinstance(metrics, dict):
-        raise TypeError(
-            f"trainlib.report(metrics=...) takes a dict of numbers, got {type(metrics).__name__}. "
-            "Report e.g. trainlib.report({'loss': loss.item(), 'epoch': epoch})."
-        )
-    clean: dict[str, float | int] = {}
-    for key, value in metrics.items():
-        if not isinstance(key, str):
-            raise TypeError(f"trainlib.report(): metric names must be strings, got {key!r}.")
-        if len(key) > tunables.MAX_METRIC_NAME_LENGTH:
-            # Trackers refuse such names (MLflow: 250 characters) and with them the whole batch.
-            raise ValueError(
-                f"trainlib.report(): the metric name {_short(key)} has {len(key)} characters; at most "
-                f"{tunables.MAX_METRIC_NAME_LENGTH} are allowed. Use a short name and put long text elsewhere."
-            )
-        if isinstance(value, numbers.Number) and not isinstance(value, complex) and getattr(value, "ndim", 0) == 0:
-            clean[key] = value.item() if hasattr(value, "item") else value
-            continue
-        hint = "call .item() on it" if hasattr(value, "item") and getattr(value, "ndim", 1) == 0 else \
-            "report one number per key (a mean, a count), e.g. float(x)"
-        raise TypeError(
-            f"trainlib.report(): metrics[{key!r}] is {type(value).__name__} {_short(value)}, not a number: {hint}."
-        )
-    return clean
+@dataclasses.dataclass(frozen=True)
+class ReportOptions:
+    """The checkpoint options of one ``report()`` call (Ray Train's keyword arguments)."""
 
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    dir_name: str | None = None
+    upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC
+    delete_local: bool | None = None
+    upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None
 
 
 @dataclasses.dataclass
@@ -65,18 +51,24 @@ class _PendingReport:
     staged_dir: str | None  # a local copy still to upload (remote storage)
     manifest: dict[str, int] | None  # files already in storage (local storage)
     reported_at: float
+    placement: CheckpointPlacement | None = None
+    upload: Callable[[], dict[str, int]] | None = None  # an ASYNC upload, run by the uploader thread
 
 
 class WorkerSession:
     """One worker's session: the state behind the public worker-side functions."""
 
-    def __init__(self, info: WorkerInfo, attempt: AttemptSpec, outbox: "queue.Queue[WorkerMessage]"):
+    def __init__(self, info: WorkerInfo, attempt: AttemptSpec, outbox: "queue.Queue[WorkerMessage]",
+                 metadata: dict[str, Any] | None = None, dataset_shards: dict[str, Any] | None = None):
         self.info = info
         self.attempt = attempt
         self.storage = attempt.storage
         self.start_checkpoint = attempt.checkpoint
-        self.next_step = attempt.first_step
+        self.first_step = self.next_step = attempt.first_step
         self.device: Any = None  # set by the worker backend once the device is chosen (e.g. torch.device)
+        self.metadata = metadata
+        self.dataset_shards = dataset_shards or {}
+        self.preemption: Any = None  # a trainlib.PreemptionInfo once the driver sees a node of the run draining
         self.outbox = outbox
         self._uploads: queue.Queue = queue.Queue(maxsize=tunables.MAX_PENDING_UPLOADS_PER_WORKER)
         self._staging_root = staging.make_staging_root(info.world_rank, self.storage.run_path)
@@ -85,33 +77,98 @@ class WorkerSession:
 
     # -- called from the training thread ---------------------------------------
 
-    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
-        clean = validate_metrics(metrics)
+    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, options: ReportOptions | None = None
+               ) -> None:
+        options = options or ReportOptions()
+        clean = metric_values.clean_metrics(metrics)
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             raise TypeError(
                 f"trainlib.report(checkpoint=...) takes a trainlib.Checkpoint, got {type(checkpoint).__name__}. "
                 "Use trainlib.Checkpoint.from_directory(folder)."
             )
         step = self.next_step
-        self.next_step += 1
-        staged_dir = manifest = None
+        pending = _PendingReport(step, clean, None, None, time.time())
         if checkpoint is not None:
-            if self.storage.is_local:
-                # One copy, straight into the (not yet committed) checkpoint folder.
-                manifest = self._copy_checkpoint_files(checkpoint, step)
-            else:
-                staged_dir = os.path.join(self._staging_root, f"step_{step}")
-                staging.stage_checkpoint(checkpoint, staged_dir)
-        reported_at = time.time()
-        if staged_dir is not None:  # what the node needs to finish the upload if this process dies
-            staging.write_record(staged_dir, step, clean, reported_at)
-        self._uploads.put(_PendingReport(step, clean, staged_dir, manifest, reported_at))
+            self._place_checkpoint(pending, checkpoint, options)
+        if pending.staged_dir is not None:  # what the node needs to finish the upload if this process dies
+            staging.write_record(pending.staged_dir, step, clean, pending.reported_at)
+        self.next_step += 1
+        self._uploads.put(pending)
 
-    def _copy_checkpoint_files(self, checkpoint: Checkpoint, step: int) -> dict[str, int]:
+    def _place_checkpoint(self, pending: _PendingReport, checkpoint: Checkpoint, options: ReportOptions) -> None:
+        """Copy (SYNC), schedule the copy of (ASYNC) or adopt (NO_UPLOAD) the checkpoint's files."""
+        mode = options.upload_mode
+        if mode is CheckpointUploadMode.NO_UPLOAD:
+            pending.placement = CheckpointPlacement(self._folder_in_run(checkpoint), in_place=True)
+            return
+        dir_name = options.dir_name or checkpoint_dir_name(pending.step)
+        pending.placement = CheckpointPlacement(dir_name, in_place=options.upload_fn is not None)
+        delete = options.delete_local if options.delete_local is not None else \
+            mode.default_delete_local_checkpoint_after_upload()
+
+        def upload() -> dict[str, int]:
+            if options.upload_fn is not None:
+                persisted = options.upload_fn(checkpoint, dir_name)
+                if not isinstance(persisted, Checkpoint):
+                    raise ValueError(f"checkpoint_upload_fn must return a trainlib.Checkpoint, got "
+                                     f"{type(persisted).__name__}.")
+                pending.placement = CheckpointPlacement(self._folder_in_run(persisted), in_place=True)
+                manifest = {}
+            else:
+                try:
+                    manifest = self._copy_checkpoint_files(checkpoint,
+                                                           self.storage.checkpoint_path(pending.step, dir_name))
+                except FileNotFoundError as exc:
+                    raise FileNotFoundError(
+                        f"{exc}: the checkpoint folder {checkpoint.path} changed before it was copied. With "
+                        "CheckpointUploadMode.ASYNC the folder must stay until the copy is done: make it with "
+                        "tempfile.mkdtemp() (trainlib deletes it after the upload), not a TemporaryDirectory block."
+                    ) from exc
+            if delete and checkpoint.is_local:
+                shutil.rmtree(checkpoint.path, ignore_errors=True)
+            return manifest
+
+        if mode is CheckpointUploadMode.ASYNC:
+            pending.upload = upload  # the uploader thread runs it, in report order
+        elif self.storage.is_local or options.upload_fn is not None:
+            pending.manifest = upload()  # one copy, straight into the (not yet committed) checkpoint folder
+        else:
+            pending.staged_dir = os.path.join(self._staging_root, f"step_{pending.step}")
+            staging.stage_checkpoint(checkpoint, pending.staged_dir)
+            if delete and checkpoint.is_local:
+                shutil.rmtree(checkpoint.path, ignore_errors=True)
+
+    def _folder_in_run(self, checkpoint: Checkpoint) -> str:
+        """The name of ``checkpoint``'s folder, which must be a folder of the run's folder in run storage."""
+        path = checkpoint.path.rstrip("/")
+        if checkpoint.is_local != self.storage.is_local or posixpath.dirname(path) != self.storage.run_path:
+            raise ValueError(
+                f"The checkpoint {checkpoint.uri} is outside the run's folder ({self.storage.uri()}): with "
+                "CheckpointUploadMode.NO_UPLOAD or a checkpoint_upload_fn the checkpoint must already be a folder "
+                "in it; build its path from trainlib.get_context().get_storage().experiment_fs_path."
+            )
+        return posixpath.basename(path)
+
+    def _copy_checkpoint_files(self, checkpoint: Checkpoint, dest: str) -> dict[str, int]:
         if checkpoint.is_local:
-            return self.storage.upload_directory(checkpoint.path, self.storage.checkpoint_path(step))
+            return self.storage.upload_directory(checkpoint.path, dest)
         with checkpoint.as_directory() as folder:
-            return self.storage.upload_directory(folder, self.storage.checkpoint_path(step))
+            return self.storage.upload_directory(folder, dest)
+
+    def wait_committed(self, timeout_s: float | None) -> None:
+        """Block until every report this worker made has been committed by the driver (it is in the log)."""
+        self.wait_uploads(timeout_s if timeout_s is not None else float("inf"))
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else float("inf"))
+        while True:
+            steps = {row["step"] for row in self.storage.read_metrics_log()}
+            if all(step in steps for step in range(self.first_step, self.next_step)):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"get_all_reported_checkpoints(timeout_s={timeout_s}): reports {sorted(set(range(self.first_step, self.next_step)) - steps)} "
+                    "were not committed in time; every rank must call report() the same number of times."
+                )
+            time.sleep(tunables.COMMIT_POLL_INTERVAL_S)
 
     def finish(self, error: BaseException | None = None) -> None:
         """Queue the end of training (after every pending upload) for the driver."""
@@ -146,12 +203,16 @@ class WorkerSession:
                 if failed:
                     continue  # the driver already has this worker's failure; drain so report() never blocks
                 manifest = item.manifest
+                if item.upload is not None:
+                    manifest = item.upload()
                 if item.staged_dir is not None:
-                    manifest = self.storage.upload_directory(item.staged_dir, self.storage.checkpoint_path(item.step))
+                    dest = self.storage.checkpoint_path(item.step, item.placement.dir_name if item.placement else None)
+                    manifest = self.storage.upload_directory(item.staged_dir, dest)
                     staging.write_record(item.staged_dir, item.step, item.metrics, item.reported_at, manifest)
                     shutil.rmtree(item.staged_dir, ignore_errors=True)
                 self.outbox.put(ReportMessage(rank=self.info.world_rank, step=item.step, metrics=item.metrics,
-                                              manifest=manifest, reported_at=item.reported_at))
+                                              manifest=manifest, reported_at=item.reported_at,
+                                              placement=item.placement))
             except BaseException as exc:  # noqa: BLE001 - an upload failure fails this worker
                 failed = True
                 self.outbox.put(FailedMessage.from_exception(self.info.world_rank, exc))

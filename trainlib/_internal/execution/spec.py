@@ -60,3 +60,5 @@ class WorkerStart:
     info: WorkerInfo
     env: dict[str, str]  # torchrun's variables and CUDA_VISIBLE_DEVICES, for code that reads them
     train_fn: Any  # the ``TrainFunction``, or a Ray reference to it (put once per run by the driver)
+    metadata: dict[str, Any] | None = None  # the trainer's ``metadata`` (``get_context().get_metadata()``)
+    dataset_shards: dict[str, Any] | None = None  # dataset name -> this rank's ``ray.data.DataIterator``

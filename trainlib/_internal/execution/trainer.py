@@ -14,9 +14,12 @@ from typing import Any, Callable
 
 from trainlib._internal.execution.controller import Controller
 from trainlib._internal.execution.ray_connect import ensure_ray
+from trainlib._internal.execution.monitor import ScalingPolicy
+from trainlib._internal.execution.placement import available_workers
 from trainlib._internal.execution.run import (
     TRAINER_FILE,
     close_run,
+    load_trainer_extras,
     load_trainer_file,
     open_run,
     run_storage,
@@ -24,7 +27,8 @@ from trainlib._internal.execution.run import (
 )
 from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.execution.worker import WorkerBackend
-from trainlib._internal.execution.worker_group import RayWorkerGroup
+from trainlib._internal.execution.validation import check_metadata
+from trainlib._internal.execution.worker_group import GroupData, RayWorkerGroup
 from trainlib._internal.storage.lease import RunLease
 from trainlib._internal.storage.run_record import RunRecord
 from trainlib._internal.storage.run_storage import RunStorage
@@ -32,6 +36,8 @@ from trainlib._internal.util.filesystem import resolve_filesystem
 from trainlib.callbacks import Callback, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from trainlib.data import DataConfig, check_datasets
+from trainlib.errors import ControllerError, TrainlibError
 from trainlib.result import Result
 
 logger = logging.getLogger("trainlib")
@@ -42,11 +48,30 @@ def default_run_name(prefix: str) -> str:
 
 
 class DataParallelTrainer:
-    """Runs ``train_loop_per_worker`` on ``scaling_config.num_workers`` Ray actors."""
+    """Runs ``train_loop_per_worker`` on ``scaling_config.num_workers`` Ray actors, with fault tolerance,
+    checkpoints and Ray Data shards, but no framework set-up (``TorchTrainer`` adds torch.distributed).
+
+    Args:
+        train_loop_per_worker: ``def train_func()`` or ``def train_func(config)``.
+        train_loop_config: the dict passed to ``train_func``.
+        scaling_config: workers and their resources (``num_workers=(min, max)`` for elastic runs).
+        run_config: name, storage, checkpoints, failures, callbacks.
+        datasets: ``{name: ray.data.Dataset}``; each worker reads its shard with
+            ``trainlib.get_dataset_shard(name)``.
+        dataset_config: how the datasets are split (:class:`trainlib.DataConfig`).
+        resume_from_checkpoint: a checkpoint to start from when the run has none of its own.
+        metadata: a JSON-able dict stored with every checkpoint (``checkpoint.get_metadata()``)
+            and given to the workers (``get_context().get_metadata()``).
+
+    Example:
+        >>> result = trainlib.DataParallelTrainer(train_func, scaling_config=ScalingConfig(num_workers=4)).fit()
+    """
 
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: dict | None = None,
                  scaling_config: ScalingConfig | None = None, run_config: RunConfig | None = None,
-                 resume_from_checkpoint: Checkpoint | None = None, backend: WorkerBackend | None = None):
+                 datasets: dict[str, Any] | None = None, dataset_config: DataConfig | None = None,
+                 resume_from_checkpoint: Checkpoint | None = None, metadata: dict[str, Any] | None = None,
+                 backend: WorkerBackend | None = None):
         # Checked, bound to its config and pickled once, here; shipped to the workers as these bytes.
         self._train_fn = TrainFunction.bind(train_loop_per_worker, train_loop_config)
         if scaling_config is not None and not isinstance(scaling_config, ScalingConfig):
@@ -66,7 +91,12 @@ class DataParallelTrainer:
         self.scaling_config = scaling_config or ScalingConfig()
         self.run_config = run_config or RunConfig()
         self.resume_from_checkpoint = resume_from_checkpoint
+        check_datasets(datasets, dataset_config)
+        check_metadata(metadata)
         self.backend = backend or WorkerBackend()
+        self.datasets = datasets
+        self.dataset_config = dataset_config or DataConfig()
+        self.metadata = metadata
         self._restoring = False
 
     # -- public ----------------------------------------------------------------
@@ -98,11 +128,13 @@ class DataParallelTrainer:
 
         rc = self.run_config
         run = open_run(rc, storage.name, restoring=self._restoring, train_fn=self._train_fn,
-                       train_loop_config=self.train_loop_config, scaling_config=self.scaling_config, storage=storage)
+                       train_loop_config=self.train_loop_config, scaling_config=self.scaling_config, storage=storage,
+                       extras={"dataset_config": self.dataset_config, "dataset_names": sorted(self.datasets or {}),
+                               "metadata": self.metadata})
         start_from = storage.uri(run.committed[-1].path) if run.committed else (
             self.resume_from_checkpoint.uri if self.resume_from_checkpoint else None)
         run_info = RunInfo(
-            name=storage.name, path=storage.uri(), world_size=self.scaling_config.num_workers,
+            name=storage.name, path=storage.uri(), world_size=self.scaling_config.max_workers,
             use_gpu=self.scaling_config.use_gpu, train_loop_config=self.train_loop_config,
             scaling_config=run.record.scaling_config, resumed_from=start_from, record=run.record,
         )
@@ -112,16 +144,23 @@ class DataParallelTrainer:
         if start_from:
             logger.info("Run %s resumes from %s", storage.name, start_from)
         train_fn_ref = ray.put(self._train_fn)  # once per run: every worker of every attempt reads this copy
+        policy = ScalingPolicy(self.scaling_config, available_workers)
+        data = GroupData(metadata=self.metadata, datasets=self.datasets, data_config=self.dataset_config)
         controller = Controller(
-            storage=storage,
-            make_worker_group=lambda: RayWorkerGroup(self.scaling_config, self.backend, train_fn_ref, self._train_fn),
+            storage=storage, make_worker_group=lambda: RayWorkerGroup(
+                self.scaling_config, self.backend, train_fn_ref, policy.num_workers(), data, self._train_fn),
             checkpoint_config=rc.checkpoint_config, failure_config=rc.failure_config, callbacks=rc.callbacks,
             run_info=run_info, start_checkpoint=self.resume_from_checkpoint, metrics_rows=run.metrics_rows,
-            committed=run.committed, verbose=rc.verbose, lease=lease,
+            committed=run.committed, verbose=rc.verbose, scaling_policy=policy, metadata=self.metadata, lease=lease,
         )
         try:
             controller.run()
-        except BaseException as exc:
+        except Exception as exc:
+            # A driver-side bug or outage is Ray Train's ControllerError; trainlib's own errors pass as they are.
+            error = exc if isinstance(exc, TrainlibError) else ControllerError(exc)
+            close_run(run, rc, run_info, controller, error)
+            raise error from (None if error is exc else exc)
+        except BaseException as exc:  # KeyboardInterrupt: record the run as failed, and stop
             close_run(run, rc, run_info, controller, exc)
             raise
         return close_run(run, rc, run_info, controller, None)
@@ -129,12 +168,14 @@ class DataParallelTrainer:
     @classmethod
     def restore(cls, path: str | os.PathLike, *, train_loop_per_worker: Callable | None = None,
                 train_loop_config: dict | None = None, scaling_config: ScalingConfig | None = None,
-                storage_filesystem: Any = None, storage_options: dict | None = None,
-                callbacks: list[Callback] | None = None) -> "DataParallelTrainer":
+                datasets: dict[str, Any] | None = None, storage_filesystem: Any = None,
+                storage_options: dict | None = None, callbacks: list[Callback] | None = None) -> "DataParallelTrainer":
         """A trainer that continues the run at ``path`` from its latest committed checkpoint.
 
-        The training function, config and scaling come from the run folder
-        unless given here. Works for unfinished, failed and finished runs.
+        The training function, config, scaling, dataset config and metadata come
+        from the run folder unless given here. Datasets are not stored: pass the
+        run's ``datasets`` again (as Ray Train requires). Works for unfinished,
+        failed and finished runs.
         """
         storage = RunStorage.open_existing(path, storage_filesystem, storage_options,
                                            caller=f"{cls.__name__}.restore")
@@ -146,10 +187,16 @@ class DataParallelTrainer:
             checkpoint_config=CheckpointConfig(**record.checkpoint_config),
             failure_config=FailureConfig(**record.failure_config), if_exists="resume",
         )
+        extras = load_trainer_extras(storage)
+        missing = sorted(set(extras.get("dataset_names") or []) - set(datasets or {}))
+        if missing:
+            raise ValueError(f"{cls.__name__}.restore({os.fspath(path)!r}): the run trained on datasets {missing}; "
+                             "pass them again: restore(path, datasets={...}).")
         trainer = cls(
             train_loop_per_worker or saved_func,
             train_loop_config=train_loop_config if train_loop_config is not None else saved_config,
-            scaling_config=scaling_config or saved_scaling, run_config=run_config,
+            scaling_config=scaling_config or saved_scaling, run_config=run_config, datasets=datasets,
+            dataset_config=extras.get("dataset_config"), metadata=extras.get("metadata"),
         )
         trainer._restoring = True
         return trainer

@@ -71,7 +71,8 @@ class TrainWorker:
         # For code that reads torchrun's variables (RANK, LOCAL_RANK...) and for CUDA: trainlib
         # itself reads the rank and device from the session.
         os.environ.update(start.env)
-        self.session = WorkerSession(start.info, start.attempt, self.outbox)
+        self.session = WorkerSession(start.info, start.attempt, self.outbox, metadata=start.metadata,
+                                     dataset_shards=start.dataset_shards)
         thread = threading.Thread(target=self._run, args=(start.train_fn,), name="trainlib-train", daemon=True)
         thread.start()
 
@@ -92,6 +93,11 @@ class TrainWorker:
             self.session.finish(exc)
         else:
             self.session.finish()
+
+    def mark_preempted(self, info: Any) -> None:
+        """The driver saw a node of this run draining: ``get_preemption_info()`` returns ``info`` from now on."""
+        if self.session is not None:
+            self.session.preemption = info
 
     def next_messages(self) -> list[WorkerMessage]:
         """Block until this worker has something for the driver; return all of it, in order."""

@@ -8,6 +8,7 @@ into typed messages for the controller (``messages.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -34,14 +35,34 @@ from trainlib.errors import ResourcesUnavailableError, WorkerError
 logger = logging.getLogger("trainlib")
 
 
+@dataclasses.dataclass
+class GroupData:
+    """What every worker of a group gets besides its rank: the trainer's metadata and its dataset shards."""
+
+    metadata: dict[str, Any] | None = None
+    datasets: dict[str, Any] | None = None  # name -> ray.data.Dataset (or a function that returns one)
+    data_config: Any = None  # trainlib.DataConfig
+
+    def shards_for(self, actors: list[Any], node_ids: list[str]) -> list[dict[str, Any] | None]:
+        """One dict of ``DataIterator`` per rank: the datasets split anew for this group (its size)."""
+        if not self.datasets:
+            return [None] * len(actors)
+        datasets = {name: ds() if callable(ds) and not hasattr(ds, "streaming_split") else ds
+                    for name, ds in self.datasets.items()}
+        return self.data_config.configure(datasets, world_size=len(actors), worker_handles=actors,
+                                          worker_node_ids=node_ids)
+
+
 class RayWorkerGroup:
     """The actors of one attempt. ``start_actors`` -> ``placements`` -> ``start`` -> ``wait`` ... -> ``shutdown``."""
 
-    def __init__(self, scaling: ScalingConfig, backend: WorkerBackend, train_fn: Any,
-                 bound: TrainFunction | None = None):
+    def __init__(self, scaling: ScalingConfig, backend: WorkerBackend, train_fn: Any, num_workers: int | None = None,
+                 data: GroupData | None = None, bound: TrainFunction | None = None):
         self.scaling = scaling
         self.backend = backend
         self.train_fn = train_fn  # a Ray reference to the TrainFunction, put once per run by the trainer
+        self.num_workers = num_workers or scaling.max_workers  # this attempt's size (elastic runs choose it)
+        self.data = data or GroupData()
         self.bound = bound  # that TrainFunction itself: which user modules to probe the nodes for
         self._pg = None
         self._actors: list[Any] = []  # by rank once started
@@ -53,7 +74,7 @@ class RayWorkerGroup:
     def start_actors(self) -> None:
         """Reserve the placement group (bounded wait) and start the actors; returns before they are ready."""
         check_resources(self.scaling, ray.nodes())
-        bundles = [self.scaling.worker_resources for _ in range(self.scaling.num_workers)]
+        bundles = [self.scaling.worker_resources for _ in range(self.num_workers)]
         self._pg = placement_group(bundles, strategy=self.scaling.placement_strategy, name="trainlib-workers")
         ready, _ = ray.wait([self._pg.ready()], timeout=self.scaling.placement_timeout_s)
         if not ready:
@@ -61,7 +82,7 @@ class RayWorkerGroup:
             total = format_resources(ray.cluster_resources())
             self.shutdown()
             raise ResourcesUnavailableError(
-                f"Timed out after {self.scaling.placement_timeout_s:.0f}s waiting for {self.scaling.num_workers} "
+                f"Timed out after {self.scaling.placement_timeout_s:.0f}s waiting for {self.num_workers} "
                 f"workers x {format_resources(self.scaling.worker_resources)}: the cluster has {total} in all but only "
                 f"{available} free; other tasks or actors hold the rest. Free them, lower the request, or raise "
                 "ScalingConfig.placement_timeout_s if the cluster is scaling up."
@@ -76,7 +97,7 @@ class RayWorkerGroup:
                 num_cpus=cpus, num_gpus=gpus, resources=custom, max_concurrency=4,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
             ).remote(self.backend, cpus, {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
-            for i in range(self.scaling.num_workers)
+            for i in range(self.num_workers)
         ]
 
     def placements(self) -> list[Placement]:
@@ -104,9 +125,11 @@ class RayWorkerGroup:
         self.plan = plan
         self._storage = attempt.storage
         train_fn = self._train_fn_for_nodes()
+        shards = self.data.shards_for(self._actors, [p.node_id for p in self._placements])
         refs = [
             actor.start.remote(WorkerStart(attempt=attempt, info=plan.infos[rank], env=plan.envs[rank],
-                                           train_fn=train_fn))
+                                           train_fn=train_fn, metadata=self.data.metadata,
+                                           dataset_shards=shards[rank]))
             for rank, actor in enumerate(self._actors)
         ]
         try:
@@ -134,8 +157,18 @@ class RayWorkerGroup:
         logger.info(user_code.describe(missing, lacking))
         return ray.put(self.bound.by_value(missing))
 
+    def node_ids(self) -> list[str]:
+        """The node id of each rank's actor."""
+        return [p.node_id for p in self._placements]
+
+    def notify_preemption(self, info: Any) -> None:
+        """Tell every worker that ``info`` (a PreemptionInfo) is coming: ``get_preemption_info()`` returns it."""
+        for actor in self._actors:
+            actor.mark_preempted.remote(info)
+
     def wait(self, timeout: float | None = None) -> list[WorkerMessage]:
-        """Wait until some worker sends messages or dies (at most ``timeout`` s); return them in order."""
+        """Block until some worker sends messages or dies (or ``timeout`` passes: then []); return them in
+        order (a death as a failure)."""
         ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=timeout)
         out: list[WorkerMessage] = []
         for ref in ready:

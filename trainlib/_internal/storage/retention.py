@@ -19,20 +19,30 @@ def _score(checkpoint: CommittedCheckpoint, config: CheckpointConfig) -> float:
 
 
 def rank_checkpoints(checkpoints: list[CommittedCheckpoint], config: CheckpointConfig) -> list[CommittedCheckpoint]:
-    """Best first: by score when ``checkpoint_score_attribute`` is set, else newest first."""
+    """Ray Train's order, best last: by score when ``checkpoint_score_attribute`` is set (ties: the
+    older first), else by report order."""
     if config.checkpoint_score_attribute is None:
-        return sorted(checkpoints, key=lambda c: c.step, reverse=True)
-    # Ties go to the newer checkpoint.
-    return sorted(checkpoints, key=lambda c: (_score(c, config), c.step), reverse=True)
+        return sorted(checkpoints, key=lambda c: c.step)
+    return sorted(checkpoints, key=lambda c: (_score(c, config), c.step))
 
 
-def checkpoints_to_delete(checkpoints: list[CommittedCheckpoint], config: CheckpointConfig) -> list[CommittedCheckpoint]:
-    """The checkpoints that fall outside ``num_to_keep``; the latest one is never among them."""
+def best_checkpoints(checkpoints: list[CommittedCheckpoint], config: CheckpointConfig) -> list[CommittedCheckpoint]:
+    """The ``num_to_keep`` best checkpoints in Ray Train's order (``Result.best_checkpoints``)."""
+    ranked = rank_checkpoints(checkpoints, config)
+    return ranked if config.num_to_keep is None else ranked[-config.num_to_keep:]
+
+
+def checkpoints_to_delete(checkpoints: list[CommittedCheckpoint], config: CheckpointConfig,
+                          keep_latest: bool = True) -> list[CommittedCheckpoint]:
+    """The checkpoints outside the ``num_to_keep`` best.
+
+    ``keep_latest``: spare the latest one as well (the run is unfinished and may resume from it).
+    """
     if config.num_to_keep is None or not checkpoints:
         return []
-    latest = max(checkpoints, key=lambda c: c.step)
-    keep = set(c.step for c in rank_checkpoints(checkpoints, config)[: config.num_to_keep])
-    keep.add(latest.step)
+    keep = {c.step for c in best_checkpoints(checkpoints, config)}
+    if keep_latest:
+        keep.add(max(c.step for c in checkpoints))
     return [c for c in checkpoints if c.step not in keep]
 
 

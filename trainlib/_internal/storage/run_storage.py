@@ -36,6 +36,7 @@ from trainlib._internal.storage.commits import (
     checkpoint_dir_name,
 )
 from trainlib._internal.storage.lease_record import LEASE_PREFIX
+from trainlib._internal import metrics as metric_values
 from trainlib._internal.storage.run_record import RUN_STATE_FILE
 from trainlib._internal.util.atomic import atomic_copy, atomic_write
 from trainlib._internal.util.filesystem import (
@@ -87,8 +88,9 @@ class RunStorage:
     def join(self, *parts: str) -> str:
         return posixpath.join(self.run_path, *parts)
 
-    def checkpoint_path(self, step: int) -> str:
-        return self.join(checkpoint_dir_name(step))
+    def checkpoint_path(self, step: int, dir_name: str | None = None) -> str:
+        """The folder of the checkpoint of ``step``: ``checkpoint_<step>``, or the ``checkpoint_dir_name`` given."""
+        return self.join(dir_name or checkpoint_dir_name(step))
 
     # -- writing -----------------------------------------------------------------
 
@@ -98,7 +100,11 @@ class RunStorage:
             if self.is_local:
                 atomic_write(path, data)
             else:
-                self.fs.pipe_file(path, data)  # one PUT: atomic on object stores
+                try:
+                    self.fs.pipe_file(path, data)  # one PUT: atomic on object stores
+                except FileNotFoundError:  # a filesystem with real folders (e.g. a pyarrow one): make them
+                    self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+                    self.fs.pipe_file(path, data)
 
         with_retries(f"writing {self.uri(path)}", write)
 
@@ -125,12 +131,22 @@ class RunStorage:
 
         with_retries(f"uploading {os.path.basename(local_file)} to {self.uri(dest)}", copy)
 
-    def commit_checkpoint(self, step: int, metrics: dict[str, Any], manifest: dict[str, int]) -> CommittedCheckpoint:
-        """Write the commit marker of ``checkpoint_<step>``: from now on it is valid."""
-        path = self.checkpoint_path(step)
+    def list_files(self, path: str) -> dict[str, int]:
+        """The manifest {relpath: size} of the files under ``path`` in storage (the commit marker left out)."""
+        def ls() -> dict[str, int]:
+            self.fs.invalidate_cache(path)
+            found = self.fs.find(path, detail=True)
+            return {posixpath.relpath(name, path): int(info["size"]) for name, info in found.items()
+                    if posixpath.basename(name) != COMMIT_MARKER}
+        return with_retries(f"listing {self.uri(path)}", ls)
+
+    def commit_checkpoint(self, step: int, metrics: dict[str, Any], manifest: dict[str, int],
+                          dir_name: str | None = None) -> CommittedCheckpoint:
+        """Write the commit marker of the checkpoint of ``step``: from now on it is valid."""
+        path = self.checkpoint_path(step, dir_name)
         now = time.time()
-        self.write_json_atomic(posixpath.join(path, COMMIT_MARKER),
-                               {"step": step, "metrics": metrics, "files": manifest, "committed_at": now})
+        marker = {"step": step, "metrics": metrics, "files": manifest, "committed_at": now}
+        self.write_bytes_atomic(posixpath.join(path, COMMIT_MARKER), metric_values.dumps(marker, indent=1).encode())
         return CommittedCheckpoint(step=step, path=path, metrics=metrics, committed_at=now)
 
     def delete_checkpoint(self, path: str) -> None:
@@ -142,7 +158,7 @@ class RunStorage:
     def append_metrics_row(self, row: dict[str, Any], all_rows: list[dict[str, Any]]) -> None:
         """Add ``row`` to the metrics log (append locally; object stores get the whole log rewritten)."""
         path = self.join(METRICS_FILE)
-        line = (json.dumps(row, default=str) + "\n").encode()
+        line = (metric_values.dumps(row) + "\n").encode()
         if self.is_local:
             def append() -> None:
                 os.makedirs(self.run_path, exist_ok=True)
@@ -157,7 +173,7 @@ class RunStorage:
                     os.close(fd)
             with_retries(f"appending to {self.uri(path)}", append)
         else:
-            self.write_bytes_atomic(path, "".join(json.dumps(r, default=str) + "\n" for r in all_rows).encode())
+            self.write_bytes_atomic(path, "".join(metric_values.dumps(r) + "\n" for r in all_rows).encode())
 
     # -- reading -----------------------------------------------------------------
 
@@ -168,13 +184,17 @@ class RunStorage:
         return json.loads(with_retries(f"reading {self.uri(path)}", lambda: self.fs.cat_file(path)))
 
     def list_checkpoint_dirs(self) -> list[str]:
+        """Folders named ``checkpoint_*`` (committed or not), and folders of another name that hold a
+        commit marker (a ``checkpoint_dir_name`` given to ``report``)."""
         def ls() -> list[str]:
             self.fs.invalidate_cache(self.run_path)
             if not self.fs.exists(self.run_path):
                 return []
-            return [e["name"] for e in self.fs.ls(self.run_path, detail=True)
-                    if e.get("type") == "directory" and posixpath.basename(e["name"].rstrip("/")).startswith(CHECKPOINT_PREFIX)]
-        return sorted(ls())
+            folders = [e["name"].rstrip("/") for e in self.fs.ls(self.run_path, detail=True)
+                       if e.get("type") == "directory"]
+            return [f for f in folders if posixpath.basename(f).startswith(CHECKPOINT_PREFIX)
+                    or self.fs.exists(posixpath.join(f, COMMIT_MARKER))]
+        return sorted(with_retries(f"listing {self.uri()}", ls))
 
     def verify_checkpoint(self, path: str) -> CommittedCheckpoint | None:
         """The checkpoint at ``path`` if its marker exists and its files are complete, else None."""
@@ -184,7 +204,7 @@ class RunStorage:
         marker_path = posixpath.join(path, COMMIT_MARKER)
         try:
             self.fs.invalidate_cache(path)
-            marker = json.loads(self.fs.cat_file(marker_path))
+            marker = metric_values.loads(self.fs.cat_file(marker_path))
             for rel, size in marker["files"].items():
                 if self.fs.size(posixpath.join(path, rel)) != size:
                     return None
@@ -223,7 +243,7 @@ class RunStorage:
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                rows.append(metric_values.loads(line))
             except ValueError:
                 where = "its last line is torn (a crash mid-append)" if number == len(lines) else \
                     f"line {number} is unreadable"
@@ -239,7 +259,7 @@ class RunStorage:
             return
         lines = [line for line in data.split(b"\n") if line.strip()]
         if data and (not data.endswith(b"\n") or len(lines) != len(rows)):
-            whole = "".join(json.dumps(r, default=str) + "\n" for r in rows).encode()
+            whole = "".join(metric_values.dumps(r) + "\n" for r in rows).encode()
             logger.warning("Rewriting %s without its torn or unreadable lines", self.uri(path))
             self.write_bytes_atomic(path, whole)
 

@@ -18,6 +18,26 @@ def is_local_filesystem(fs: fsspec.AbstractFileSystem) -> bool:
     return protocol in ("file", "local")
 
 
+def as_fsspec(filesystem: Any) -> fsspec.AbstractFileSystem:
+    """``filesystem`` as an fsspec filesystem: fsspec ones as they are, ``pyarrow.fs`` ones wrapped."""
+    if isinstance(filesystem, fsspec.AbstractFileSystem):
+        return filesystem
+    try:
+        import pyarrow.fs as pafs
+    except ImportError:  # pragma: no cover - pyarrow comes with ray[data]
+        pafs = None
+    if pafs is not None and isinstance(filesystem, pafs.FileSystem):
+        if isinstance(filesystem, pafs.LocalFileSystem):
+            return fsspec.filesystem("file")  # the same disk: keep trainlib's local fast paths
+        from fsspec.implementations.arrow import ArrowFSWrapper
+
+        return ArrowFSWrapper(filesystem)
+    raise TypeError(
+        f"RunConfig.storage_filesystem must be an fsspec filesystem or a pyarrow.fs.FileSystem, got "
+        f"{type(filesystem).__name__}: e.g. s3fs.S3FileSystem(...) or pyarrow.fs.S3FileSystem(...)."
+    )
+
+
 def resolve_filesystem(storage_path: str | os.PathLike | None, filesystem: Any = None,
                        storage_options: dict | None = None, *,
                        field: str = "RunConfig.storage_path") -> tuple[fsspec.AbstractFileSystem, str]:
@@ -27,7 +47,12 @@ def resolve_filesystem(storage_path: str | os.PathLike | None, filesystem: Any =
     """
     path = os.fspath(storage_path) if storage_path is not None else DEFAULT_STORAGE_PATH
     if filesystem is not None:
-        return filesystem, filesystem._strip_protocol(path)
+        fs = as_fsspec(filesystem)
+        if "://" in path and not isinstance(filesystem, fsspec.AbstractFileSystem):
+            path = path.split("://", 1)[1]  # pyarrow filesystems take paths without the scheme
+        elif "://" not in path and is_local_filesystem(fs):
+            path = expand_path(path)
+        return fs, fs._strip_protocol(path)
     path = expand_path(path)
     try:
         fs, inner = fsspec.core.url_to_fs(path, **(storage_options or {}))
