@@ -17,6 +17,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from trainlib._internal.execution.controller import Controller
+from trainlib._internal.execution.embedded_ray import ensure_ray, note_fit_ended
 from trainlib._internal.execution.worker import WorkerBackend
 from trainlib._internal.execution.worker_group import RayWorkerGroup
 from trainlib._internal.storage.run_record import RUN_STATE_FILE
@@ -37,21 +38,6 @@ def _version() -> str:
     from trainlib import __version__
 
     return __version__
-
-
-def ensure_ray() -> None:
-    """Connect to Ray: the cluster in RAY_ADDRESS if set, else start an embedded local one."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=True)
-    else:
-        # The dashboard costs a second of start-up and is not needed for embedded runs.
-        # address="local": without it Ray joins the last cluster started on this machine
-        # (/tmp/ray/ray_current_cluster), which may be someone else's.
-        ray.init(address="local", include_dashboard=False, log_to_driver=True)
 
 
 def _check_train_func(func: Callable, config: dict | None) -> bool:
@@ -178,6 +164,8 @@ class DataParallelTrainer:
         except BaseException as exc:
             self._end_run(storage, state, controller, exc)
             raise
+        finally:
+            note_fit_ended()
         return self._end_run(storage, state, controller, None)
 
     @classmethod
