@@ -40,6 +40,10 @@ def prepare_model(model: torch.nn.Module, move_to_device: bool = True, parallel_
         move_to_device: move parameters and buffers to :func:`get_device`.
         parallel_strategy: ``"ddp"``, or None to skip wrapping.
         parallel_strategy_kwargs: extra keyword arguments for DistributedDataParallel.
+            trainlib sets ``gradient_as_bucket_view=True`` unless given here: the gradients
+            live in DDP's allreduce buckets instead of beside them, one copy less per step and
+            one gradient-sized buffer less per worker (bench/results/ddp.md). Pass False if
+            your code calls ``detach_()`` on gradients.
 
     Returns:
         The model, wrapped in DDP when training with more than one worker (use
@@ -57,6 +61,7 @@ def prepare_model(model: torch.nn.Module, move_to_device: bool = True, parallel_
         from torch.nn.parallel import DistributedDataParallel
 
         kwargs = dict(parallel_strategy_kwargs or {})
+        kwargs.setdefault("gradient_as_bucket_view", True)
         if device.type == "cuda":
             kwargs.setdefault("device_ids", [device.index])
             kwargs.setdefault("output_device", device.index)
