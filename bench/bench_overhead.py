@@ -266,7 +266,10 @@ def run_once(variant: str, args: argparse.Namespace, data_root: str, workdir: st
     with open(log_path, "wb") as log:
         t0 = time.time()
         env = job_env(args.baseline if variant == "trainlib_base" else None)
-        proc = subprocess.Popen(command(variant, args.steps, data_root, storage, out), cwd=REPO, env=env,
+        # Ray puts the driver's working directory on its workers' import path: the baseline's
+        # workers must start there, or they import this checkout's trainlib.
+        cwd = os.path.abspath(args.baseline) if variant == "trainlib_base" else REPO
+        proc = subprocess.Popen(command(variant, args.steps, data_root, storage, out), cwd=cwd, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
         sampler = TreeSampler(proc.pid, args.sample_interval)
         sampler.start()
