@@ -62,7 +62,7 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     env = {**os.environ, "PYTHONPATH": REPO_ROOT, "RAY_TMPDIR": "/tmp", "RAY_DEDUP_LOGS": "0"}
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run([sys.executable, str(script), str(tmp_path / "runs")], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=850)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     import json
 
