@@ -1,6 +1,15 @@
-"""A/B: time from the end of a driver script to its process exit, embedded Ray started by trainlib (new)
-vs plain ray.init as before. Interleaved fresh processes; prints medians and loads."""
+"""A/B of the embedded Ray: trainlib's lean start and fast exit against plain ``ray.init``. Fresh processes.
+
+    python bench/embedded_ray_ab.py 3 bench/results/embedded_ray_exit_ab.json   # 3 interleaved pairs
+
+Each child imports torch, starts an embedded Ray ("new": trainlib's ensure_ray, which stops the
+dashboard head and the autoscaler monitor and registers trainlib's exit hook; "old": plain
+ray.init as trainlib did before), reports the RSS of Ray's processes, and ends. Measured: the
+RSS, and the time from the script's end to the process's exit. The load average is recorded.
+"""
 import subprocess, sys, time, os, statistics, json
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = r'''
 import sys, time, os
 import torch
@@ -18,7 +27,7 @@ res = {"old": [], "new": []}
 for i in range(int(sys.argv[1])):
     for mode in (("old", "new") if i % 2 == 0 else ("new", "old")):
         load = os.getloadavg()[0]
-        p = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": "/work/wt/perf"})
+        p = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO})
         t_exit = time.time()
         ends = [l for l in p.stdout.splitlines() if l.startswith("END")]
         if not ends:
