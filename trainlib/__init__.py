@@ -1,4 +1,4 @@
-"""trainlib: distributed PyTorch training with Ray Train's API, on Ray Core and torch.distributed.
+"""trainlib: distributed PyTorch training with Ray Train's API, on Ray Core and torch.distributed. Driver and workers.
 
 Example:
     >>> import trainlib

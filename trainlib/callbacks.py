@@ -3,7 +3,10 @@
 A callback sees the run from the driver, so there is one of it per run
 whatever the world size. ``before_run`` may raise to stop the run before any
 worker starts (e.g. tracking server unreachable); errors in the other hooks
-are logged and never fail training.
+are logged and never fail training. A callback that must remember something
+across restarts and resumes of the run (an MLflow run id) returns it from
+``state_dict``; the trainer saves it in the run record and hands it back through
+``load_state_dict`` when the run is continued.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from trainlib._internal.storage.run_record import RunRecord
     from trainlib.checkpoint import Checkpoint
     from trainlib.errors import WorkerError
     from trainlib.result import Result
@@ -19,7 +23,11 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class RunInfo:
-    """What a callback knows about the run."""
+    """What a callback knows about the run.
+
+    ``record`` is the run's persisted record (``trainlib_run.json``): its status,
+    configs and, once it ended, its error. Callbacks read it; the trainer writes it.
+    """
 
     name: str
     path: str  # the run folder's URL
@@ -28,7 +36,7 @@ class RunInfo:
     train_loop_config: dict[str, Any] | None
     scaling_config: dict[str, Any]
     resumed_from: str | None  # the checkpoint the run started from, if any
-    state: dict[str, Any]  # the run's persisted state (callbacks may keep ids in ``state["callbacks"]``)
+    record: "RunRecord"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +52,18 @@ class ReportRecord:
 
 class Callback:
     """Base class for driver-side callbacks; override the hooks you need."""
+
+    @property
+    def state_key(self) -> str:
+        """The key of this callback's state in the run record (default: the class name)."""
+        return type(self).__qualname__
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state to keep in the run record (saved after ``before_run`` and at the end)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The state saved by an earlier ``fit()`` of the same run; called before ``before_run``."""
 
     def before_run(self, run: RunInfo) -> None:
         """Before any worker starts. Raising here stops the run."""

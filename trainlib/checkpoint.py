@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import fsspec
 
 from trainlib._internal.storage.commits import COMMIT_MARKER
-from trainlib._internal.util.filesystem import is_local_filesystem
+from trainlib._internal.util.filesystem import is_local_filesystem, resolve_filesystem, to_uri
 from trainlib._internal.util.retry import with_retries
 
 
@@ -49,7 +49,7 @@ class Checkpoint:
     @classmethod
     def from_uri(cls, uri: str, storage_options: dict | None = None) -> "Checkpoint":
         """The checkpoint at ``uri``, as :attr:`uri` gives it: a local path or an fsspec URL (``s3://...``)."""
-        filesystem, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+        filesystem, path = resolve_filesystem(uri, storage_options=storage_options, field="Checkpoint.from_uri(uri)")
         return cls(path, filesystem)
 
     @property
@@ -59,7 +59,7 @@ class Checkpoint:
     @property
     def uri(self) -> str:
         """The checkpoint's URL (a plain path on local disk)."""
-        return self.path if self.is_local else self.filesystem.unstrip_protocol(self.path)
+        return to_uri(self.filesystem, self.path)
 
     def to_directory(self, path: str | os.PathLike | None = None) -> str:
         """Copy the checkpoint's files into local folder ``path`` (a new temp folder by default)."""

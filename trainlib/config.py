@@ -1,4 +1,4 @@
-"""User-facing configuration dataclasses. Built on the driver, read by workers.
+"""``ScalingConfig``, ``RunConfig``, ``CheckpointConfig``, ``FailureConfig``. Built on the driver, read by workers.
 
 Each config validates itself on construction and raises ``ValueError`` or
 ``TypeError`` naming the field, the bad value and the fix, so bad input fails

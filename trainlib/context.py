@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainlib._internal.execution.session import get_session
-from trainlib._internal.execution.spec import WorkerInfo
+from trainlib._internal.execution.session import WorkerSession, get_session
 from trainlib.checkpoint import Checkpoint
 
 
 class TrainContext:
     """What a worker knows about its run: ranks, sizes, names. Get it with ``get_context()``."""
 
-    def __init__(self, info: WorkerInfo):
-        self._info = info
+    def __init__(self, session: WorkerSession):
+        self._info = session.info
+        self._attempt = session.attempt
 
     def get_world_size(self) -> int:
         """Number of workers in the group."""
@@ -37,24 +37,24 @@ class TrainContext:
 
     def get_experiment_name(self) -> str:
         """The run's name (``RunConfig.name``)."""
-        return self._info.experiment_name
+        return self._attempt.experiment_name
 
     def get_trial_name(self) -> str:
         """Same as :meth:`get_experiment_name` (Ray Train v1 compatibility)."""
-        return self._info.experiment_name
+        return self._attempt.experiment_name
 
     def get_run_path(self) -> str:
         """The run's folder in storage."""
-        return self._info.run_path
+        return self._attempt.storage.uri()
 
     def get_attempt(self) -> int:
         """0 for the first attempt; then one more per restart, and per re-run of the same run (resume)."""
-        return self._info.attempt
+        return self._attempt.attempt
 
     def __repr__(self) -> str:
         i = self._info
         return (f"TrainContext(world_rank={i.world_rank}, world_size={i.world_size}, local_rank={i.local_rank}, "
-                f"node_rank={i.node_rank}, experiment_name={i.experiment_name!r})")
+                f"node_rank={i.node_rank}, experiment_name={self._attempt.experiment_name!r})")
 
 
 def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
@@ -83,7 +83,7 @@ def get_context() -> TrainContext:
     Raises:
         RuntimeError: called outside a training worker.
     """
-    return TrainContext(get_session("get_context").info)
+    return TrainContext(get_session("get_context"))
 
 
 def get_checkpoint() -> Checkpoint | None:

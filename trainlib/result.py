@@ -7,9 +7,11 @@ import os
 from typing import Any
 
 from trainlib._internal.storage.retention import rank_checkpoints
+from trainlib._internal.storage.run_record import RunRecord, RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig
+from trainlib.errors import TrainlibError
 
 
 @dataclasses.dataclass
@@ -86,11 +88,8 @@ class Result:
         crash is ignored.
         """
         storage = RunStorage.open_existing(path, storage_filesystem, storage_options, caller="Result.from_path")
-        state = storage.read_run_state()
-        config = CheckpointConfig(**state.get("checkpoint_config", {}))
+        record = RunRecord.load(storage)
         error = None
-        if state.get("status") == "FAILED":
-            from trainlib.errors import TrainlibError
-
-            error = TrainlibError(state.get("error") or "the run failed")
-        return cls.from_storage(storage, config, error)
+        if record.status is RunStatus.FAILED:
+            error = TrainlibError(record.error or "the run failed")
+        return cls.from_storage(storage, CheckpointConfig(**record.checkpoint_config), error)

@@ -1,6 +1,6 @@
 """The controller's state machine, driven by a fake worker group: no Ray, no processes.
 
-Each fake attempt is a script of (rank, message) batches; the controller reads it
+Each fake attempt is a script of message batches; the controller reads it
 through the same WorkerGroup protocol the Ray group implements.
 """
 
@@ -12,8 +12,10 @@ import time
 import fsspec
 import pytest
 
-from trainlib._internal.execution.controller import Controller, FailurePolicy, RunState
-from trainlib._internal.execution.messages import DONE, ERROR, REPORT
+from trainlib._internal.execution.controller import Controller, FailurePolicy
+from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage
+from trainlib._internal.execution.spec import Placement
+from trainlib._internal.storage.run_record import RunRecord, RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.callbacks import Callback, RunInfo
 from trainlib.config import CheckpointConfig, FailureConfig
@@ -21,15 +23,16 @@ from trainlib.errors import StorageError, TrainingFailedError
 
 
 def report(rank, step, metrics=None, manifest=None):
-    return (rank, (REPORT, rank, step, metrics or {"step": step}, manifest, time.time()))
+    return ReportMessage(rank=rank, step=step, metrics=metrics or {"step": step}, manifest=manifest,
+                         reported_at=time.time())
 
 
 def done(rank):
-    return (rank, (DONE, rank))
+    return DoneMessage(rank)
 
 
 def error(rank, cause="ValueError: boom", tb="Traceback (most recent call last):\n  ...\nValueError: boom\n"):
-    return (rank, (ERROR, rank, cause, tb, None))
+    return FailedMessage(rank=rank, cause=cause, traceback_text=tb)
 
 
 class FakeGroup:
@@ -50,11 +53,12 @@ class FakeGroup:
         pass
 
     def placements(self):
-        return [{"node_id": n, "node_ip": f"10.0.0.{i}", "pid": 100 + i, "gpu_ids": []}
+        return [Placement(node_id=n, node_ip=f"10.0.0.{i}", hostname=n, pid=100 + i)
                 for i, n in enumerate(self.nodes)]
 
-    def start(self, train_func, config, experiment_name, storage, checkpoint, first_step, attempt):
-        self.started_with = {"checkpoint": checkpoint, "first_step": first_step, "attempt": attempt}
+    def start(self, attempt):
+        self.started_with = {"checkpoint": attempt.checkpoint, "first_step": attempt.first_step,
+                             "attempt": attempt.attempt}
         return None
 
     def wait(self):
@@ -66,10 +70,10 @@ class FakeGroup:
         return batch
 
     def _write_files(self, batch):
-        for rank, message in batch:
-            if message[0] == REPORT and message[4] is not None:
-                step = message[2]
-                for rel, data in self.files.get((step, rank), {}).items():
+        for message in batch:
+            if isinstance(message, ReportMessage) and message.manifest is not None:
+                step = message.step
+                for rel, data in self.files.get((step, message.rank), {}).items():
                     path = os.path.join(self.storage.checkpoint_path(step), rel)
                     os.makedirs(os.path.dirname(path), exist_ok=True)
                     with open(path, "wb") as f:
@@ -111,10 +115,12 @@ def make_controller(storage, attempts, *, max_failures=0, checkpoint_config=None
         made.append(group)
         return group
 
+    record = RunRecord(name="run", storage_path=storage.root, trainlib_version="", train_loop_config=None,
+                       scaling_config={}, checkpoint_config={}, failure_config={})
     info = RunInfo(name="run", path=storage.uri(), world_size=2, use_gpu=False, train_loop_config=None,
-                   scaling_config={}, resumed_from=None, state={})
+                   scaling_config={}, resumed_from=None, record=record)
     controller = Controller(
-        train_func=lambda: None, train_loop_config=None, storage=storage, make_worker_group=make_group,
+        storage=storage, make_worker_group=make_group,
         checkpoint_config=checkpoint_config or CheckpointConfig(), failure_config=FailureConfig(max_failures),
         callbacks=callbacks or [], run_info=info, verbose=False,
     )
@@ -147,7 +153,7 @@ def test_reports_from_all_ranks_commit_one_checkpoint(storage):
     recorder = Recorder()
     controller, _ = make_controller(storage, [group], callbacks=[recorder])
     controller.run()
-    assert controller.state is RunState.FINISHED and group.shut_down
+    assert controller.state is RunStatus.FINISHED and group.shut_down
     committed = storage.committed_checkpoints()
     assert [c.step for c in committed] == [1, 2]
     # Rank 0's metrics are the run's; the manifest merges every rank's files.
@@ -169,7 +175,7 @@ def test_report_missing_from_one_rank_is_not_committed(storage):
     controller, _ = make_controller(storage, [group], callbacks=[recorder])
     with pytest.raises(TrainingFailedError):
         controller.run()
-    assert controller.state is RunState.ERRORED
+    assert controller.state is RunStatus.FAILED
     assert [c.step for c in storage.committed_checkpoints()] == [1]
     assert [r["step"] for r in storage.read_metrics_log()] == [1]
     assert ("report", 2, True, 0) not in recorder.events
@@ -214,7 +220,7 @@ def test_restart_resumes_from_latest_checkpoint_up_to_max_failures(storage):
     recorder = Recorder()
     controller, made = make_controller(storage, [first, second], max_failures=1, callbacks=[recorder])
     controller.run()
-    assert controller.state is RunState.FINISHED
+    assert controller.state is RunStatus.FINISHED
     assert first.started_with == {"checkpoint": None, "first_step": 1, "attempt": 0}
     assert second.started_with["first_step"] == 3 and second.started_with["attempt"] == 1
     assert second.started_with["checkpoint"].path == storage.checkpoint_path(2)
@@ -240,7 +246,7 @@ def test_unlimited_restarts(storage):
     attempts.append(FakeGroup([[done(0), done(1)]], 2, storage=storage))
     controller, made = make_controller(storage, attempts, max_failures=-1)
     controller.run()
-    assert controller.state is RunState.FINISHED and len(made) == 8 and len(controller.failures) == 7
+    assert controller.state is RunStatus.FINISHED and len(made) == 8 and len(controller.failures) == 7
 
 
 def test_local_storage_on_several_nodes_fails_before_training(storage):
@@ -274,7 +280,7 @@ def test_a_resumed_run_continues_the_attempt_numbering(storage):
     controller, _ = make_controller(storage, [group])
     controller.metrics_rows = list(rows)
     controller.attempt = Controller(
-        train_func=None, train_loop_config=None, storage=storage, make_worker_group=None,
+        storage=storage, make_worker_group=None,
         checkpoint_config=CheckpointConfig(), failure_config=FailureConfig(), callbacks=[],
         run_info=controller.run_info, metrics_rows=rows, verbose=False).attempt
     controller.run()
@@ -315,7 +321,7 @@ def test_local_storage_declared_shared_runs_on_several_nodes(tmp_path):
                       storage=shared)
     controller, _ = make_controller(shared, [group])
     controller.run()
-    assert controller.state is RunState.FINISHED and controller.num_nodes == 2
+    assert controller.state is RunStatus.FINISHED and controller.num_nodes == 2
 
 
 def test_worker_error_text_shows_only_what_is_known():

@@ -6,16 +6,17 @@ import pytest
 
 import trainlib
 from trainlib._internal.execution.placement import check_resources, plan_ranks
+from trainlib._internal.execution.spec import Placement
 
 
 def _placement(node: str, ip: str, gpus=()):
-    return {"node_id": node, "node_ip": ip, "pid": 1, "hostname": node, "gpu_ids": list(gpus)}
+    return Placement(node_id=node, node_ip=ip, hostname=node, pid=1, gpu_ids=tuple(gpus))
 
 
 def test_ranks_are_contiguous_per_node_with_torchrun_environment():
     placements = [_placement("a", "10.0.0.1"), _placement("b", "10.0.0.2"), _placement("a", "10.0.0.1"),
                   _placement("b", "10.0.0.2")]
-    plan = plan_ranks(placements, "run", "/runs/run", attempt=0, master_port=29500)
+    plan = plan_ranks(placements, master_port=29500)
     assert plan.order == [0, 2, 1, 3]
     assert [(i.world_rank, i.local_rank, i.node_rank) for i in plan.infos] == [(0, 0, 0), (1, 1, 0), (2, 0, 1),
                                                                                (3, 1, 1)]
@@ -24,18 +25,19 @@ def test_ranks_are_contiguous_per_node_with_torchrun_environment():
     assert env["RANK"] == "2" and env["WORLD_SIZE"] == "4" and env["LOCAL_RANK"] == "0"
     assert env["LOCAL_WORLD_SIZE"] == "2" and env["NODE_RANK"] == "1"
     assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "29500"
-    assert "CUDA_VISIBLE_DEVICES" not in env and env["TRAINLIB_GPU_INDEX"] == ""
+    assert (plan.infos[2].master_addr, plan.infos[2].master_port) == ("10.0.0.1", 29500)
+    assert "CUDA_VISIBLE_DEVICES" not in env and plan.infos[2].gpu_index is None
 
 
 def test_gpu_workers_see_their_node_gpus_and_pick_their_own():
     # Ray gave GPU 3 to the first actor and GPU 1 to the second, on one node.
     placements = [_placement("a", "10.0.0.1", ["3"]), _placement("a", "10.0.0.1", ["1"]),
                   _placement("b", "10.0.0.2", ["0"])]
-    plan = plan_ranks(placements, "run", "/runs/run", attempt=0, master_port=1)
+    plan = plan_ranks(placements, master_port=1)
     assert plan.envs[0]["CUDA_VISIBLE_DEVICES"] == "1,3"
-    assert plan.envs[0]["TRAINLIB_GPU_INDEX"] == "1"  # GPU 3 is the second visible device
-    assert plan.envs[1]["TRAINLIB_GPU_INDEX"] == "0"
-    assert plan.envs[2]["CUDA_VISIBLE_DEVICES"] == "0" and plan.envs[2]["TRAINLIB_GPU_INDEX"] == "0"
+    assert plan.infos[0].gpu_index == 1  # GPU 3 is the second visible device
+    assert plan.infos[1].gpu_index == 0
+    assert plan.envs[2]["CUDA_VISIBLE_DEVICES"] == "0" and plan.infos[2].gpu_index == 0
 
 
 def _node(cpu, gpu=0, alive=True):

@@ -22,8 +22,9 @@ import pytest
 
 import trainlib
 from trainlib._internal import tunables
+from trainlib._internal.execution.run import open_run
 from trainlib._internal.storage.commits import COMMIT_MARKER
-from trainlib._internal.storage.run_record import RUN_STATE_FILE
+from trainlib._internal.storage.run_record import RUN_STATE_FILE, RunRecord, RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib._internal.util import filesystem as filesystem_mod
 from trainlib._internal.util.retry import with_retries
@@ -70,9 +71,10 @@ def assert_only_previous_is_valid(storage, previous_step=1, crashed_step=2):
     trainer = TorchTrainer(train_func, run_config=trainlib.RunConfig(
         name=storage.name, storage_path=storage.uri(storage.root) if not storage.is_local else storage.root,
         storage_filesystem=None if storage.is_local else storage.fs, verbose=False))
-    resumed, _state, committed, _rows = trainer._prepare_run()
-    assert [c.step for c in committed] == [previous_step]
-    # _prepare_run removed the uncommitted folder.
+    opened = open_run(trainer.run_config, storage.name, restoring=False, train_fn=trainer._train_fn,
+                      train_loop_config=None, scaling_config=trainer.scaling_config)
+    assert [c.step for c in opened.committed] == [previous_step]
+    # open_run removed the uncommitted folder.
     assert not storage.fs.exists(storage.checkpoint_path(crashed_step))
     assert storage.remove_uncommitted() == []
 
@@ -253,7 +255,7 @@ def test_run_state_write_is_atomic(tmp_path, monkeypatch):
     with pytest.raises(_Crash):
         storage.write_json_atomic(storage.join(RUN_STATE_FILE), {"status": "FINISHED"})
     monkeypatch.undo()
-    assert storage.read_run_state()["status"] == "RUNNING"
+    assert RunRecord.load(storage).status is RunStatus.RUNNING
 
 
 # -- retries -------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Timeouts, retry counts and sizes: every tunable of trainlib, in one place.
+"""Timeouts, retry counts and sizes: every tunable of trainlib, in one place. Driver and workers.
 
 Read by the driver and the workers. Change them here, not in the code that uses them.
 """

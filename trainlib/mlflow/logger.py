@@ -9,15 +9,8 @@ the same MLflow run: its id is kept in the run folder's ``trainlib_run.json``.
 
 A tracking outage never costs the training: every MLflow call is bounded in
 time, what cannot be sent is written to a local spool file, the logger says
-exactly what was not logged, and :meth:`MLflowLogger.replay_spool` sends it later.
-
-Example:
-    >>> from trainlib.mlflow import MLflowLogger, log_model
-    >>> logger = MLflowLogger(experiment_name="fashion-mnist")
-    >>> result = TorchTrainer(train_func, run_config=trainlib.RunConfig(callbacks=[logger])).fit()
-    >>> info = log_model(result.checkpoint, Net(), input_example=x[:4], registered_model_name="fashion")
-
-``import trainlib`` does not import mlflow; this module does.
+exactly what was not logged, and :meth:`MLflowLogger.replay_spool` sends it later
+(``sender.py``). Opening the MLflow run is in ``run.py``.
 """
 
 from __future__ import annotations
@@ -25,32 +18,27 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from trainlib._internal import tunables
-from trainlib._internal.tracking.params import params_for_logging, truncate
+from trainlib._internal.storage.run_record import RunStatus
+from trainlib._internal.tracking.params import truncate
 from trainlib._internal.tracking.spool import Spool, describe_records
 from trainlib._internal.util.masking import redact_text, redact_url
-from trainlib._internal.util.versions import package_version, trainlib_version
+from trainlib._internal.util.paths import expand_path, is_url
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.mlflow.errors import TrackingError
 from trainlib.mlflow.records import (
-    MAX_ENTITY_KEY_LENGTH,
-    MAX_PARAM_VAL_LENGTH,
     MAX_TAG_VAL_LENGTH,
-    is_rejected,
-    send_record,
     short_error,
-    spoolable,
 )
+from trainlib.mlflow.run import experiment_id, open_run
+from trainlib.mlflow.sender import RecordSender
 from trainlib.mlflow.spool import SpoolReplay, replay_spool
-from trainlib.mlflow.store import STATE_KEY, bounded_http, default_tracking_uri, sqlite_artifact_root
+from trainlib.mlflow.store import STATE_KEY, bounded_http, default_tracking_uri
 
 if TYPE_CHECKING:
     from trainlib.errors import WorkerError
@@ -62,6 +50,7 @@ DEFAULT_EXPERIMENT_NAME = "trainlib"
 LOG_CHECKPOINTS_CHOICES = ("all", "best", "last", "uri")
 CHECKPOINT_ARTIFACT_DIR = "checkpoints"
 SPOOL_FILE = "mlflow_spool.jsonl"
+DEFAULT_SPOOL_DIR = "~/.trainlib/mlflow_spool"  # for runs whose storage is not local
 
 
 
@@ -146,36 +135,50 @@ class MLflowLogger(Callback):
         self.spool_path: str | None = None
         self._uri = ""
         self._client: MlflowClient | None = None
-        self._spool: Spool | None = None
-        self._offline_since: float | None = None
-        self._last_probe = 0.0
+        self._sender: RecordSender | None = None
         self._failures = 0
+        self._saved: dict[str, Any] = {}  # the state an earlier fit() of this run saved (load_state_dict)
 
     def __getstate__(self) -> dict[str, Any]:
         # The trainer may pickle its config; a live client is not needed elsewhere.
         state = self.__dict__.copy()
         state["_client"] = None
-        state["_spool"] = None
+        state["_sender"] = None
         return state
+
+    # -- state kept in the run record ------------------------------------------------------
+
+    @property
+    def state_key(self) -> str:
+        return STATE_KEY
+
+    def state_dict(self) -> dict[str, Any]:
+        """The MLflow run of this trainlib run, so restarts and resumes continue it."""
+        if self.run_id is None:
+            return {}
+        return {"run_id": self.run_id, "experiment_id": self.experiment_id, "tracking_uri": redact_url(self._uri)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._saved = dict(state)
 
     # -- hooks -------------------------------------------------------------------------------
 
     def before_run(self, run: RunInfo) -> None:
         self._uri = self.tracking_uri or default_tracking_uri()
         self._client = MlflowClient(tracking_uri=self._uri)
-        self._offline_since = None
         self._failures = 0
-        saved = (run.state.get("callbacks") or {}).get(STATE_KEY) or {}
-        self._spool = Spool(self._spool_file(run))
-        self.spool_path = self._spool.path
+        saved, self._saved = self._saved, {}
+        self._sender = RecordSender(self._client, self._uri, Spool(self._spool_file(run)))
+        self.spool_path = self._sender.spool.path
         try:
             with bounded_http():
-                self.experiment_id = self._experiment_id()
-                if len(self._spool):
+                self.experiment_id = experiment_id(self._client, self._uri, self._experiment_name())
+                if self._sender.pending():
                     # An earlier outage left records behind (an old end status among them):
                     # send them before this run reopens the MLflow run.
-                    self._replay_own_spool()
-                self.run_id = self._open_run(run, saved)
+                    self._sender.replay()
+                self.run_id = open_run(self._client, self._uri, self.experiment_id, run, saved,
+                                       run_name=self.run_name, log_checkpoints=self.log_checkpoints, tags=self.tags)
         except TrackingError:
             raise
         except Exception as exc:  # noqa: BLE001 - every cause becomes one clear error
@@ -186,10 +189,6 @@ class MLflowLogger(Callback):
                 "MLFLOW_TRACKING_URI at a reachable one, or remove MLflowLogger from RunConfig.callbacks "
                 "to train without tracking."
             ) from None
-        run.state.setdefault("callbacks", {})[STATE_KEY] = {
-            "run_id": self.run_id, "experiment_id": self.experiment_id,
-            "tracking_uri": redact_url(self._uri),
-        }
         logger.info("MLflow run %s in experiment %r at %s", self.run_id, self._experiment_name(),
                     redact_url(self._uri))
 
@@ -224,10 +223,11 @@ class MLflowLogger(Callback):
         }})
 
     def after_run(self, run: RunInfo, result: "Result") -> None:
-        if self.run_id is None:
+        if self.run_id is None or self._sender is None:
             return
-        if self._offline_since is None and self._spool is not None and len(self._spool):
-            self._replay_own_spool()  # older records first, so the end status below is the last word
+        sender = self._sender
+        if sender.offline_since is None and sender.pending():
+            sender.replay()  # older records first, so the end status below is the last word
         if self.log_checkpoints in ("best", "last"):
             chosen = result.checkpoint
             if self.log_checkpoints == "best" and result.best_checkpoints:
@@ -235,23 +235,23 @@ class MLflowLogger(Callback):
             if chosen is not None:
                 self._emit({"kind": "tags", "tags": {f"trainlib.{self.log_checkpoints}_checkpoint": chosen.uri}})
                 self._emit_checkpoint(chosen)
-        failed = result.error is not None or run.state.get("status") == "FAILED"
+        failed = result.error is not None or run.record.status is RunStatus.FAILED
         if failed:
-            message = run.state.get("error") or f"{type(result.error).__name__}: {result.error}"
+            message = run.record.error or f"{type(result.error).__name__}: {result.error}"
             self._emit({"kind": "tags", "tags": {
                 "trainlib.error": truncate(redact_text(message), MAX_TAG_VAL_LENGTH)}})
         status = "FAILED" if failed else "FINISHED"
         self._emit({"kind": "status", "status": status, "end_time": int(time.time() * 1000)})
-        if self._spool is not None and len(self._spool):
-            self._replay_own_spool()
-        if self._spool is not None and len(self._spool):
-            missing = describe_records([r for r in self._spool.read() if r["run_id"] == self.run_id])
+        if sender.pending():
+            sender.replay()
+        if sender.pending():
+            missing = describe_records([r for r in sender.spool.read() if r["run_id"] == self.run_id])
             logger.warning(
                 "MLflow run %s at %s is missing %s: the tracking server could not be reached. The records "
                 "are spooled in %s; send them with trainlib.mlflow.MLflowLogger.replay_spool(%r) once the "
                 "server is back (resuming this trainlib run also sends them). Checkpoints in run "
-                "storage are intact.", self.run_id, redact_url(self._uri), missing, self._spool.path,
-                self._spool.path,
+                "storage are intact.", self.run_id, redact_url(self._uri), missing, sender.spool.path,
+                sender.spool.path,
             )
         else:
             logger.info("MLflow run %s ended %s", self.run_id, status)
@@ -273,90 +273,13 @@ class MLflowLogger(Callback):
     def _experiment_name(self) -> str:
         return self.experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT_NAME
 
-    def _experiment_id(self) -> str:
-        name = self._experiment_name()
-        experiment = self._client.get_experiment_by_name(name)
-        if experiment is not None:
-            if experiment.lifecycle_stage == "deleted":
-                raise TrackingError(
-                    f"MLflow experiment {name!r} at {redact_url(self._uri)} is deleted: restore it "
-                    f"(`mlflow experiments restore --experiment-id {experiment.experiment_id}`) or pass "
-                    "another MLflowLogger(experiment_name=...)."
-                )
-            return experiment.experiment_id
-        root = sqlite_artifact_root(self._uri)
-        location = os.path.join(root, re.sub(r"[^A-Za-z0-9._-]+", "_", name)) if root else None
-        try:
-            return self._client.create_experiment(name, artifact_location=location)
-        except MlflowException as exc:
-            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise
-            return self._client.get_experiment_by_name(name).experiment_id  # created concurrently
-
-    def _open_run(self, run: RunInfo, saved: dict[str, Any]) -> str:
-        params = params_for_logging(
-            {"": run.train_loop_config, "scaling_config": run.scaling_config,
-             "checkpoint_config": run.state.get("checkpoint_config"),
-             "failure_config": run.state.get("failure_config")},
-            MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH,
-        )
-        tags = {
-            "trainlib.run_name": run.name,
-            "trainlib.storage_path": redact_url(run.path),
-            "trainlib.world_size": str(run.world_size),
-            "trainlib.device_type": "cuda" if run.use_gpu else "cpu",
-            "trainlib.torch_version": package_version("torch"),
-            "trainlib.version": trainlib_version(),
-            "trainlib.log_checkpoints": self.log_checkpoints,
-            **{str(k): truncate(redact_text(str(v)), MAX_TAG_VAL_LENGTH) for k, v in self.tags.items()},
-        }
-        previous = self._previous_run(saved)
-        if previous is not None:
-            run_id = previous.info.run_id
-            self._client.update_run(run_id, status="RUNNING")
-            old = previous.data.params
-            changed = sorted(k for k, v in params.items() if k in old and old[k] != v)
-            if changed:
-                logger.warning(
-                    "MLflow params are immutable: run %s keeps its first values of %s; the resumed run's "
-                    "new values are in trainlib_run.json.", run_id, ", ".join(changed))
-            params = {k: v for k, v in params.items() if k not in old}
-            tags["trainlib.resumed"] = str(int(previous.data.tags.get("trainlib.resumed", "0")) + 1)
-            if run.resumed_from:
-                tags["trainlib.resumed_from"] = run.resumed_from
-            logger.info("MLflow: continuing run %s of trainlib run %s", run_id, run.name)
-        else:
-            created = self._client.create_run(self.experiment_id, run_name=self.run_name or run.name)
-            run_id = created.info.run_id
-        if params:
-            send_record(self._client, {"run_id": run_id, "kind": "params", "params": params})
-        send_record(self._client, {"run_id": run_id, "kind": "tags", "tags": tags})
-        return run_id
-
-    def _previous_run(self, saved: dict[str, Any]) -> Any:
-        run_id = saved.get("run_id")
-        if not run_id:
-            return None
-        try:
-            previous = self._client.get_run(run_id)
-        except MlflowException as exc:
-            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
-                raise
-            logger.warning("MLflow run %s of this trainlib run is not in %s: starting a new MLflow run.",
-                           run_id, redact_url(self._uri))
-            return None
-        if previous.info.lifecycle_stage == "deleted":
-            logger.warning("MLflow run %s of this trainlib run was deleted: starting a new MLflow run.", run_id)
-            return None
-        return previous
-
     def _spool_file(self, run: RunInfo) -> str:
         if self.spool_dir is not None:
             return os.path.join(self.spool_dir, f"{run.name}.{SPOOL_FILE}")
-        if "://" not in run.path or run.path.startswith("file://"):
+        if not is_url(run.path) or run.path.startswith("file://"):
             local = run.path[len("file://"):] if run.path.startswith("file://") else run.path
             return os.path.join(local, SPOOL_FILE)
-        return os.path.join(os.path.expanduser("~/.trainlib/mlflow_spool"), f"{run.name}.{SPOOL_FILE}")
+        return os.path.join(expand_path(DEFAULT_SPOOL_DIR), f"{run.name}.{SPOOL_FILE}")
 
     def _emit_checkpoint(self, checkpoint: Checkpoint) -> None:
         name = posixpath.basename(checkpoint.path.rstrip("/"))
@@ -364,41 +287,7 @@ class MLflowLogger(Callback):
                     "artifact_path": f"{CHECKPOINT_ARTIFACT_DIR}/{name}", "_checkpoint": checkpoint})
 
     def _emit(self, record: dict[str, Any]) -> None:
-        """Send one record now, or spool it when the tracking store is unreachable. Never raises."""
-        if self.run_id is None or self._client is None:
+        """Send one record of this MLflow run (or spool it). Never raises."""
+        if self.run_id is None or self._sender is None:
             return
-        record = {"run_id": self.run_id, "tracking_uri": redact_url(self._uri), **record}
-        if self._offline_since is not None:
-            if time.monotonic() - self._last_probe < tunables.MLFLOW_RECONNECT_INTERVAL_S:
-                self._spool.append(spoolable(record))
-                return
-            self._last_probe = time.monotonic()
-            if not self._replay_own_spool():
-                self._spool.append(spoolable(record))
-                return
-        try:
-            with bounded_http():
-                send_record(self._client, record)
-        except Exception as exc:  # noqa: BLE001 - tracking never fails training
-            if is_rejected(exc):
-                logger.warning("MLflow rejected %s for run %s, not logged: %s", describe_records([record]),
-                               self.run_id, short_error(exc))
-                return
-            self._spool.append(spoolable(record))
-            self._offline_since = self._last_probe = time.monotonic()
-            logger.warning(
-                "MLflow tracking at %s failed (%s) while logging %s. Training goes on; what cannot be sent "
-                "is spooled to %s and retried every %.0f s.", redact_url(self._uri), short_error(exc),
-                describe_records([record]), self._spool.path, tunables.MLFLOW_RECONNECT_INTERVAL_S,
-            )
-
-    def _replay_own_spool(self) -> bool:
-        """Try to send the spool; True when it is empty afterwards (back online)."""
-        replay = MLflowLogger.replay_spool(self._spool.path, tracking_uri=self._uri)
-        if replay.remaining:
-            return False
-        if self._offline_since is not None or replay.sent:
-            logger.warning("MLflow tracking at %s answers again: sent %d spooled record(s) from %s.",
-                           redact_url(self._uri), replay.sent, self._spool.path)
-        self._offline_since = None
-        return True
+        self._sender.send({"run_id": self.run_id, "tracking_uri": redact_url(self._uri), **record})

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from trainlib._internal.storage.run_record import RUN_STATE_FILE
+from trainlib._internal.storage.run_record import RUN_STATE_FILE, RunRecord
 from trainlib._internal.util.filesystem import is_local_filesystem
 from trainlib.checkpoint import Checkpoint
 from trainlib.mlflow.store import STATE_KEY, default_tracking_uri
@@ -134,10 +134,10 @@ def _recorded_run(checkpoint: Checkpoint) -> dict[str, Any]:
     if not is_local_filesystem(checkpoint.filesystem):
         state_file = checkpoint.filesystem._strip_protocol(state_file)
     try:
-        state = json.loads(checkpoint.filesystem.cat_file(state_file))
-    except (FileNotFoundError, ValueError, OSError):
+        record = RunRecord.from_json(json.loads(checkpoint.filesystem.cat_file(state_file)))
+    except (FileNotFoundError, ValueError, TypeError, AttributeError, OSError):
         return {}
-    return (state.get("callbacks") or {}).get(STATE_KEY) or {}
+    return record.callbacks.get(STATE_KEY) or {}
 
 
 def _load_state_dict(checkpoint: Checkpoint, state_dict_file: str, state_dict_key: str | None) -> dict[str, Any]:

@@ -39,19 +39,15 @@ def short_error(exc: BaseException) -> str:
 def send_record(client: MlflowClient, record: dict[str, Any]) -> None:
     """Send one tracking record (the same code path live and when replaying the spool)."""
     run_id, kind = record["run_id"], record["kind"]
-    if kind == "metrics":
-        metrics = [Metric(key, float(value), int(record["timestamp"]), int(record["step"]))
-                   for key, value in record["metrics"].items()]
-        for i in range(0, len(metrics), METRICS_PER_BATCH):
-            client.log_batch(run_id, metrics=metrics[i:i + METRICS_PER_BATCH], synchronous=True)
-    elif kind == "params":
-        params = [Param(k, v) for k, v in record["params"].items()]
-        for i in range(0, len(params), PARAMS_PER_BATCH):
-            client.log_batch(run_id, params=params[i:i + PARAMS_PER_BATCH], synchronous=True)
-    elif kind == "tags":
-        tags = [RunTag(k, v) for k, v in record["tags"].items()]
-        for i in range(0, len(tags), PARAMS_PER_BATCH):
-            client.log_batch(run_id, tags=tags[i:i + PARAMS_PER_BATCH], synchronous=True)
+    if kind in ("metrics", "params", "tags"):
+        if kind == "metrics":
+            entries = [Metric(key, float(value), int(record["timestamp"]), int(record["step"]))
+                       for key, value in record["metrics"].items()]
+        else:
+            entries = [(Param if kind == "params" else RunTag)(k, v) for k, v in record[kind].items()]
+        size = METRICS_PER_BATCH if kind == "metrics" else PARAMS_PER_BATCH
+        for i in range(0, len(entries), size):
+            client.log_batch(run_id, **{kind: entries[i:i + size]}, synchronous=True)
     elif kind == "artifacts":
         checkpoint = record.get("_checkpoint") or Checkpoint.from_uri(record["source"])
         if not checkpoint.filesystem.exists(checkpoint.path):

@@ -7,11 +7,22 @@ import os
 from typing import Iterator
 
 from trainlib._internal import tunables
+from trainlib._internal.util.paths import expand_path
 
 
-def default_tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else the embedded store ``sqlite:///<cwd>/mlflow.db``."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.join(os.getcwd(), 'mlflow.db')}"
+def default_tracking_uri(home: str | os.PathLike | None = None) -> str:
+    """The MLflow store of trainlib and its pipeline: ``MLFLOW_TRACKING_URI`` if set, else a SQLite store.
+
+    Args:
+        home: the folder of the SQLite store ``<home>/mlflow.db`` (its artifacts go to
+            ``<home>/mlartifacts``); default the current directory.
+
+    Example:
+        >>> default_tracking_uri()            # 'sqlite:////work/mlflow.db' without MLFLOW_TRACKING_URI
+        >>> default_tracking_uri("~/.trainlib")  # 'sqlite:////home/me/.trainlib/mlflow.db'
+    """
+    folder = expand_path(home) if home is not None else os.getcwd()
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.path.join(folder, 'mlflow.db')}"
 
 
 def sqlite_artifact_root(tracking_uri: str) -> str | None:
@@ -19,7 +30,7 @@ def sqlite_artifact_root(tracking_uri: str) -> str | None:
     if not tracking_uri.startswith("sqlite:///"):
         return None
     db_path = tracking_uri[len("sqlite:///"):]
-    return os.path.join(os.path.dirname(os.path.abspath(db_path)), "mlartifacts")
+    return os.path.join(os.path.dirname(expand_path(db_path)), "mlartifacts")
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""trainlib.torch: the PyTorch trainer and the helpers used inside the training function.
+"""trainlib.torch: the PyTorch trainer (driver) and the helpers used inside the training function (workers).
 
 Example:
     >>> from trainlib.torch import TorchTrainer, prepare_model, prepare_data_loader

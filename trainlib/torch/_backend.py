@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import Any
 
 from trainlib._internal.execution.spec import WorkerInfo
 from trainlib._internal.execution.worker import WorkerBackend
@@ -14,7 +15,6 @@ class TorchBackend(WorkerBackend):
     def __init__(self, config: TorchConfig, use_gpu: bool):
         self.config = config
         self.use_gpu = use_gpu
-        self.device = None
 
     def on_actor_start(self, num_cpus: float) -> None:
         import torch  # the expensive import happens while the driver is still preparing
@@ -22,20 +22,14 @@ class TorchBackend(WorkerBackend):
         # As torchrun: one intra-op thread per CPU the worker holds, so workers don't oversubscribe.
         torch.set_num_threads(max(1, int(num_cpus)))
 
-    def on_start(self, info: WorkerInfo, master_addr: str, master_port: int) -> None:
+    def on_start(self, info: WorkerInfo) -> Any:
+        """Pick this worker's device and join the process group; return the device (kept on the session)."""
         import torch.distributed as dist
 
-        self.device = _select_device(self.use_gpu)
-        backend = self.config.backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        device = select_device(self.use_gpu, info.gpu_index)
         if info.world_size > 1:
-            kwargs = {}
-            if backend == "nccl":
-                kwargs["device_id"] = self.device
-            dist.init_process_group(
-                backend=backend, init_method=f"tcp://{master_addr}:{master_port}", rank=info.world_rank,
-                world_size=info.world_size, timeout=datetime.timedelta(seconds=self.config.timeout_s), **kwargs,
-            )
-        os.environ["TRAINLIB_DEVICE"] = str(self.device)
+            dist.init_process_group(**process_group_args(self.config, info, device))
+        return device
 
     def on_shutdown(self) -> None:
         import torch.distributed as dist
@@ -44,7 +38,21 @@ class TorchBackend(WorkerBackend):
             dist.destroy_process_group()
 
 
-def _select_device(use_gpu: bool):
+def process_group_args(config: TorchConfig, info: WorkerInfo, device: Any) -> dict[str, Any]:
+    """The arguments of ``torch.distributed.init_process_group`` for this worker."""
+    backend = config.backend or ("nccl" if device.type == "cuda" else "gloo")
+    args: dict[str, Any] = {
+        "backend": backend, "init_method": f"tcp://{info.master_addr}:{info.master_port}",
+        "rank": info.world_rank, "world_size": info.world_size,
+        "timeout": datetime.timedelta(seconds=config.timeout_s),
+    }
+    if backend == "nccl":
+        args["device_id"] = device  # binds the communicator to this worker's GPU at once
+    return args
+
+
+def select_device(use_gpu: bool, gpu_index: int | None):
+    """The CPU, or (``use_gpu``) the GPU Ray gave this worker, made the current CUDA device."""
     import torch
 
     if not use_gpu:
@@ -55,6 +63,6 @@ def _select_device(use_gpu: bool):
             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}, torch {torch.__version__}, "
             f"built with CUDA {torch.version.cuda}): install a CUDA build of torch on the GPU nodes, or set use_gpu=False."
         )
-    index = int(os.environ.get("TRAINLIB_GPU_INDEX") or 0)
+    index = gpu_index or 0
     torch.cuda.set_device(index)
     return torch.device("cuda", index)

@@ -7,7 +7,6 @@ CPU, so a script can be tried without Ray.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Iterator
 
 import torch
@@ -25,9 +24,9 @@ def _world() -> tuple[int, int]:
 
 def get_device() -> torch.device:
     """The device this worker trains on: its GPU with ``use_gpu=True``, else the CPU."""
-    name = os.environ.get("TRAINLIB_DEVICE")
-    if name:
-        return torch.device(name)
+    s = current_session()
+    if s is not None and s.device is not None:
+        return s.device
     return torch.device("cpu")
 
 

@@ -6,7 +6,9 @@
                  RESTARTING -> SCHEDULING ...   while FailurePolicy allows
                      |
                      v
-                  ERRORED
+                  FAILED
+
+The states are ``RunStatus`` members, the same enum as the run record's status.
 
 The controller gathers each report from all ranks, commits its checkpoint
 (marker written last), appends the metrics log, applies retention and calls
@@ -17,16 +19,17 @@ protocol), so tests can swap in a fake group and test the failure logic without 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 from typing import Any, Callable, Protocol
 
 import cloudpickle
 
 from trainlib._internal import tunables
-from trainlib._internal.execution.messages import DONE, ERROR, REPORT
+from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
+from trainlib._internal.execution.spec import AttemptSpec, Placement
 from trainlib._internal.storage.commits import CommittedCheckpoint, checkpoint_dir_name
 from trainlib._internal.storage.retention import checkpoints_to_delete, warn_if_unscored
+from trainlib._internal.storage.run_record import RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
@@ -36,23 +39,16 @@ from trainlib.errors import StorageError, TrainingFailedError, WorkerError
 logger = logging.getLogger("trainlib")
 
 
-class RunState(enum.Enum):
-    SCHEDULING = "SCHEDULING"
-    RUNNING = "RUNNING"
-    RESTARTING = "RESTARTING"
-    FINISHED = "FINISHED"
-    ERRORED = "ERRORED"
-
-
 class WorkerGroup(Protocol):
+    """The workers of one attempt, as the controller sees them (``RayWorkerGroup``, or a fake in tests)."""
+
     plan: Any
 
     def start_actors(self) -> None: ...
-    def placements(self) -> list[dict[str, Any]]: ...
-    def start(self, train_func: Callable, config: dict | None, experiment_name: str, storage: RunStorage,
-              checkpoint: Checkpoint | None, first_step: int, attempt: int) -> Any: ...
-    def wait(self) -> list[tuple[int, tuple]]: ...
-    def flush(self, timeout: float) -> list[tuple[int, tuple]]: ...
+    def placements(self) -> list[Placement]: ...
+    def start(self, attempt: AttemptSpec) -> Any: ...
+    def wait(self) -> list[WorkerMessage]: ...
+    def flush(self, timeout: float) -> list[WorkerMessage]: ...
     def shutdown(self) -> None: ...
 
 
@@ -66,23 +62,13 @@ class FailurePolicy:
         return self.max_failures < 0 or failures_so_far <= self.max_failures
 
 
-@dataclasses.dataclass
-class _RankReport:
-    metrics: dict[str, Any]
-    manifest: dict[str, int] | None
-    reported_at: float
-
-
 class Controller:
     """Runs attempts of a worker group until the training function finishes on every rank."""
 
-    def __init__(self, *, train_func: Callable, train_loop_config: dict | None, storage: RunStorage,
-                 make_worker_group: Callable[[], WorkerGroup], checkpoint_config: CheckpointConfig,
+    def __init__(self, *, storage: RunStorage, make_worker_group: Callable[[], WorkerGroup], checkpoint_config: CheckpointConfig,
                  failure_config: FailureConfig, callbacks: list[Callback], run_info: RunInfo,
                  start_checkpoint: Checkpoint | None = None, metrics_rows: list[dict[str, Any]] | None = None,
                  committed: list[CommittedCheckpoint] | None = None, verbose: bool = True):
-        self.train_func = train_func
-        self.train_loop_config = train_loop_config
         self.storage = storage
         self.make_worker_group = make_worker_group
         self.checkpoint_config = checkpoint_config
@@ -93,7 +79,7 @@ class Controller:
         self.metrics_rows = list(metrics_rows or [])
         self.committed = list(committed or [])
         self.verbose = verbose
-        self.state = RunState.SCHEDULING
+        self.state = RunStatus.SCHEDULING
         self.failures: list[WorkerError] = []
         # A resumed run continues the attempt numbering of its metrics log, so rows of the
         # earlier driver runs and of this one never share an attempt number.
@@ -105,7 +91,7 @@ class Controller:
     def run(self) -> None:
         """Run to the end. Raises TrainingFailedError when failures exceed the policy."""
         while True:
-            self.state = RunState.SCHEDULING
+            self.state = RunStatus.SCHEDULING
             group = self.make_worker_group()
             try:
                 failure = self._run_attempt(group)
@@ -114,15 +100,15 @@ class Controller:
             finally:
                 group.shutdown()
             if failure is None:
-                self.state = RunState.FINISHED
+                self.state = RunStatus.FINISHED
                 return
             self.failures.append(failure)
             will_restart = self.policy.should_restart(len(self.failures))
             self._notify("after_failure", self.run_info, failure, will_restart)
             if not will_restart:
-                self.state = RunState.ERRORED
+                self.state = RunStatus.FAILED
                 raise TrainingFailedError(self.failures, self.policy.max_failures)
-            self.state = RunState.RESTARTING
+            self.state = RunStatus.RESTARTING
             self.attempt += 1
             latest = self.latest_checkpoint()
             logger.warning("Worker rank %d failed (%s); restarting the group (restart %d%s) from %s.",
@@ -142,7 +128,7 @@ class Controller:
         for path in self.storage.remove_uncommitted():
             logger.info("Removed uncommitted checkpoint folder %s", self.storage.uri(path))
         placements = group.placements()
-        self.num_nodes = len({p["node_id"] for p in placements})
+        self.num_nodes = len({p.node_id for p in placements})
         if self.num_nodes > 1 and not self.storage.shared:
             raise StorageError(
                 f"The workers run on {self.num_nodes} nodes but RunConfig.storage_path "
@@ -151,29 +137,28 @@ class Controller:
                 "node has (NFS) written as a file:// URL, which declares it shared: 'file:///mnt/nfs/runs'."
             )
         first_step = self.committed[-1].step + 1 if self.committed else 1
-        plan = group.start(self.train_func, self.train_loop_config, self.storage.name, self.storage,
-                           self.latest_checkpoint(), first_step, self.attempt)
+        plan = group.start(AttemptSpec(attempt=self.attempt, storage=self.storage,
+                                       checkpoint=self.latest_checkpoint(), first_step=first_step))
         world_size = len(placements)
-        self.state = RunState.RUNNING
+        self.state = RunStatus.RUNNING
         return self._collect(group, world_size, plan)
 
     def _collect(self, group: WorkerGroup, world_size: int, plan: Any) -> WorkerError | None:
-        pending: dict[int, dict[int, _RankReport]] = {}
+        pending: dict[int, dict[int, ReportMessage]] = {}
         done: set[int] = set()
         while len(done) < world_size:
-            for rank, message in group.wait():
-                kind = message[0]
-                if kind == REPORT:
-                    self._add_report(pending, world_size, rank, message)
-                elif kind == DONE:
-                    done.add(rank)
-                elif kind == ERROR:
+            for message in group.wait():
+                if isinstance(message, ReportMessage):
+                    self._add_report(pending, world_size, message)
+                elif isinstance(message, DoneMessage):
+                    done.add(message.rank)
+                else:
                     failures = [self._worker_error(message, plan)]
                     # Reports that every rank made before the failure are not lost.
-                    for other, late in group.flush(tunables.FLUSH_AFTER_FAILURE_S):
-                        if late[0] == REPORT:
-                            self._add_report(pending, world_size, other, late)
-                        elif late[0] == ERROR:
+                    for late in group.flush(tunables.FLUSH_AFTER_FAILURE_S):
+                        if isinstance(late, ReportMessage):
+                            self._add_report(pending, world_size, late)
+                        elif isinstance(late, FailedMessage):
                             failures.append(self._worker_error(late, plan))
                     return root_cause(failures)
         if pending:
@@ -190,27 +175,26 @@ class Controller:
             )
         return None
 
-    def _worker_error(self, message: tuple, plan: Any) -> WorkerError:
-        _, rank, cause, traceback_text, payload = message
+    def _worker_error(self, message: FailedMessage, plan: Any) -> WorkerError:
+        rank = message.rank
         node_ip = plan.node_ips[rank] if plan is not None and hasattr(plan, "node_ips") else ""
-        error = WorkerError(rank=rank, cause=cause, traceback_text=traceback_text, node_ip=node_ip)
-        if payload is not None:
+        error = WorkerError(rank=rank, cause=message.cause, traceback_text=message.traceback_text, node_ip=node_ip)
+        if message.exception_payload is not None:
             try:
-                error.__cause__ = cloudpickle.loads(payload)
+                error.__cause__ = cloudpickle.loads(message.exception_payload)
             except Exception:  # noqa: BLE001 - the exception's class may not import on the driver
                 pass
         return error
 
     # -- reports -----------------------------------------------------------------
 
-    def _add_report(self, pending: dict[int, dict[int, _RankReport]], world_size: int, rank: int,
-                    message: tuple) -> None:
-        _, _, step, metrics, manifest, reported_at = message
-        pending.setdefault(step, {})[rank] = _RankReport(metrics, manifest, reported_at)
-        if len(pending[step]) == world_size:
-            self._commit(step, pending.pop(step))
+    def _add_report(self, pending: dict[int, dict[int, ReportMessage]], world_size: int,
+                    message: ReportMessage) -> None:
+        pending.setdefault(message.step, {})[message.rank] = message
+        if len(pending[message.step]) == world_size:
+            self._commit(message.step, pending.pop(message.step))
 
-    def _commit(self, step: int, ranks: dict[int, _RankReport]) -> None:
+    def _commit(self, step: int, ranks: dict[int, ReportMessage]) -> None:
         metrics = ranks[0].metrics
         manifests = [r.manifest for r in ranks.values() if r.manifest is not None]
         checkpoint = None

@@ -1,23 +1,68 @@
-"""Messages a worker sends to the driver, in order: reports, then done or failed. Built in workers, read on the driver."""
+"""Messages a worker sends to the driver, in order: reports, then done or failed. Built in workers, read on the driver.
+
+Each rank's stream is ``ReportMessage*`` followed by exactly one ``DoneMessage`` or
+``FailedMessage``; the worker group adds a ``FailedMessage`` for a rank whose process died.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import traceback
-
-# Messages a worker sends to the driver, in order.
-REPORT = "report"
-DONE = "done"
-ERROR = "error"
+from typing import Any, ClassVar, Union
 
 
+class MessageKind(enum.Enum):
+    REPORT = "report"
+    DONE = "done"
+    FAILED = "failed"
 
-def error_message(rank: int, exc: BaseException) -> tuple:
-    """The ERROR message for ``exc``: its text, traceback and (if picklable) the exception itself."""
-    import cloudpickle
 
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        payload = cloudpickle.dumps(exc)
-    except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text only
-        payload = None
-    return (ERROR, rank, f"{type(exc).__name__}: {exc}", text, payload)
+@dataclasses.dataclass(frozen=True)
+class ReportMessage:
+    """One ``trainlib.report()`` of one rank, after its checkpoint files reached run storage."""
+
+    kind: ClassVar[MessageKind] = MessageKind.REPORT
+    rank: int
+    step: int
+    metrics: dict[str, Any]
+    manifest: dict[str, int] | None  # the checkpoint's files {relpath: size}, None without a checkpoint
+    reported_at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DoneMessage:
+    """The rank's training function returned and every report before it was sent."""
+
+    kind: ClassVar[MessageKind] = MessageKind.DONE
+    rank: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FailedMessage:
+    """The rank failed: its exception (text, traceback, pickled if it can be), or its process died."""
+
+    kind: ClassVar[MessageKind] = MessageKind.FAILED
+    rank: int
+    cause: str
+    traceback_text: str = ""
+    exception_payload: bytes | None = None  # cloudpickle of the exception, None when unpicklable
+
+    @classmethod
+    def from_exception(cls, rank: int, exc: BaseException) -> "FailedMessage":
+        import cloudpickle
+
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            payload = cloudpickle.dumps(exc)
+        except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text only
+            payload = None
+        return cls(rank=rank, cause=f"{type(exc).__name__}: {exc}", traceback_text=text, exception_payload=payload)
+
+
+WorkerMessage = Union[ReportMessage, DoneMessage, FailedMessage]
+
+
+def is_last(message: WorkerMessage) -> bool:
+    """Whether ``message`` ends its rank's stream (nothing follows a done or a failure)."""
+    return message.kind is not MessageKind.REPORT

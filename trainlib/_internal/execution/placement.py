@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-from trainlib._internal.execution.spec import WorkerInfo
+from trainlib._internal.execution.spec import Placement, WorkerInfo
 from trainlib.config import ScalingConfig
 from trainlib.errors import ResourcesUnavailableError
 
@@ -63,41 +63,39 @@ class RankPlan:
     num_nodes: int
 
 
-def plan_ranks(placements: list[dict[str, Any]], experiment_name: str, run_path: str, attempt: int,
-               master_port: int) -> RankPlan:
-    """Give ranks so each node's workers are contiguous; set torchrun's environment and the GPUs."""
+def plan_ranks(placements: list[Placement], master_port: int) -> RankPlan:
+    """Give ranks so each node's workers are contiguous; pick each worker's GPU; set torchrun's environment."""
     nodes: list[str] = []
     for p in placements:
-        if p["node_id"] not in nodes:
-            nodes.append(p["node_id"])
-    order = sorted(range(len(placements)), key=lambda i: (nodes.index(placements[i]["node_id"]), i))
+        if p.node_id not in nodes:
+            nodes.append(p.node_id)
+    order = sorted(range(len(placements)), key=lambda i: (nodes.index(placements[i].node_id), i))
     world_size = len(placements)
-    master_addr = placements[order[0]]["node_ip"]
-    by_node = {n: [i for i in order if placements[i]["node_id"] == n] for n in nodes}
+    master_addr = placements[order[0]].node_ip
+    by_node = {n: [i for i in order if placements[i].node_id == n] for n in nodes}
     infos, envs = [], []
     for rank, index in enumerate(order):
         p = placements[index]
-        peers = by_node[p["node_id"]]
+        peers = by_node[p.node_id]
         local_rank = peers.index(index)
+        node_rank = nodes.index(p.node_id)
         env = {
             "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local_rank),
-            "LOCAL_WORLD_SIZE": str(len(peers)), "NODE_RANK": str(nodes.index(p["node_id"])),
-            "GROUP_RANK": str(nodes.index(p["node_id"])),
+            "LOCAL_WORLD_SIZE": str(len(peers)), "NODE_RANK": str(node_rank), "GROUP_RANK": str(node_rank),
             "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
         }
         gpu_index = None
-        if p["gpu_ids"]:
+        if p.gpu_ids:
             # Every worker of a node sees all the node's group GPUs (nccl needs peer access);
             # each one uses the GPU that Ray gave it.
-            node_gpus = sorted({g for i in peers for g in placements[i]["gpu_ids"]}, key=_gpu_sort_key)
+            node_gpus = sorted({g for i in peers for g in placements[i].gpu_ids}, key=_gpu_sort_key)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(node_gpus)
-            gpu_index = node_gpus.index(p["gpu_ids"][0])
-        env["TRAINLIB_GPU_INDEX"] = "" if gpu_index is None else str(gpu_index)
+            gpu_index = node_gpus.index(p.gpu_ids[0])
         infos.append(WorkerInfo(world_rank=rank, world_size=world_size, local_rank=local_rank,
-                                local_world_size=len(peers), node_rank=nodes.index(p["node_id"]),
-                                experiment_name=experiment_name, run_path=run_path, attempt=attempt))
+                                local_world_size=len(peers), node_rank=node_rank, master_addr=master_addr,
+                                master_port=master_port, gpu_index=gpu_index))
         envs.append(env)
-    return RankPlan(order=order, infos=infos, envs=envs, node_ips=[placements[i]["node_ip"] for i in order],
+    return RankPlan(order=order, infos=infos, envs=envs, node_ips=[placements[i].node_ip for i in order],
                     num_nodes=len(nodes))
 
 

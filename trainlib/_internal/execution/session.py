@@ -1,6 +1,6 @@
-"""The per-worker training session behind ``report``, ``get_context`` and ``get_checkpoint``.
+"""The per-worker training session behind ``report``, ``get_context`` and ``get_checkpoint``. Worker actors only.
 
-Runs in worker actors only. ``report()`` validates the metrics, copies the
+The session holds the worker's place in the group, its attempt and its device. ``report()`` validates the metrics, copies the
 checkpoint folder (straight into run storage on a local filesystem; to a local
 staging folder first for remote storage), and hands the report to one uploader
 thread, which uploads in the background and forwards reports to the driver in
@@ -20,9 +20,8 @@ import time
 from typing import Any
 
 from trainlib._internal import tunables
-from trainlib._internal.execution.messages import DONE, REPORT, error_message
-from trainlib._internal.execution.spec import WorkerInfo
-from trainlib._internal.storage.run_storage import RunStorage
+from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
+from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
 from trainlib.checkpoint import Checkpoint
 
 
@@ -65,12 +64,13 @@ class _PendingReport:
 class WorkerSession:
     """One worker's session: the state behind the public worker-side functions."""
 
-    def __init__(self, info: WorkerInfo, storage: RunStorage, start_checkpoint: Checkpoint | None, first_step: int,
-                 outbox: "queue.Queue[tuple]"):
+    def __init__(self, info: WorkerInfo, attempt: AttemptSpec, outbox: "queue.Queue[WorkerMessage]"):
         self.info = info
-        self.storage = storage
-        self.start_checkpoint = start_checkpoint
-        self.next_step = first_step
+        self.attempt = attempt
+        self.storage = attempt.storage
+        self.start_checkpoint = attempt.checkpoint
+        self.next_step = attempt.first_step
+        self.device: Any = None  # set by the worker backend once the device is chosen (e.g. torch.device)
         self.outbox = outbox
         self._uploads: queue.Queue = queue.Queue(maxsize=tunables.MAX_PENDING_UPLOADS_PER_WORKER)
         self._staging_root = tempfile.mkdtemp(prefix=f"trainlib_stage_rank{info.world_rank}_")
@@ -107,9 +107,9 @@ class WorkerSession:
     def finish(self, error: BaseException | None = None) -> None:
         """Queue the end of training (after every pending upload) for the driver."""
         if error is None:
-            self._uploads.put((DONE, self.info.world_rank))
+            self._uploads.put(DoneMessage(self.info.world_rank))
         else:
-            self._uploads.put(error_message(self.info.world_rank, error))
+            self._uploads.put(FailedMessage.from_exception(self.info.world_rank, error))
 
     def wait_uploads(self, timeout: float) -> bool:
         """Wait until every queued report reached the driver's outbox; True if it did in time."""
@@ -125,7 +125,7 @@ class WorkerSession:
         while True:
             item = self._uploads.get()
             try:
-                if isinstance(item, tuple):  # DONE or ERROR: the last message of this session
+                if not isinstance(item, _PendingReport):  # done or failed: the last message of this session
                     if not failed:
                         self.outbox.put(item)
                     shutil.rmtree(self._staging_root, ignore_errors=True)
@@ -136,10 +136,11 @@ class WorkerSession:
                 if item.staged_dir is not None:
                     manifest = self.storage.upload_directory(item.staged_dir, self.storage.checkpoint_path(item.step))
                     shutil.rmtree(item.staged_dir, ignore_errors=True)
-                self.outbox.put((REPORT, self.info.world_rank, item.step, item.metrics, manifest, item.reported_at))
+                self.outbox.put(ReportMessage(rank=self.info.world_rank, step=item.step, metrics=item.metrics,
+                                              manifest=manifest, reported_at=item.reported_at))
             except BaseException as exc:  # noqa: BLE001 - an upload failure fails this worker
                 failed = True
-                self.outbox.put(error_message(self.info.world_rank, exc))
+                self.outbox.put(FailedMessage.from_exception(self.info.world_rank, exc))
             finally:
                 self._uploads.task_done()
 

@@ -1,7 +1,7 @@
 """The training worker: one Ray actor per rank. Runs in worker actors only.
 
 The driver creates the actor (it warms up: imports the backend, sets threads),
-asks where it landed (``describe``), then calls ``start`` with the rank layout.
+asks where it landed (``describe``), then calls ``start`` with one ``WorkerStart``.
 ``start`` returns at once; the user's training function runs in a thread of the
 actor, and the driver receives its reports through ``next_messages``, a
 blocking call, so the driver waits on events rather than polling.
@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import queue
 import socket
-import sys
 import threading
-from typing import Any, Callable
+from typing import Any
 
+from trainlib._internal.execution.messages import WorkerMessage
 from trainlib._internal.execution.session import WorkerSession, set_session
-from trainlib._internal.execution.spec import WorkerInfo
-from trainlib._internal.storage.run_storage import RunStorage
-from trainlib.checkpoint import Checkpoint
+from trainlib._internal.execution.spec import Placement, WorkerInfo, WorkerStart
+from trainlib._internal.execution.train_fn import TrainFunction
 
 
 class WorkerBackend:
@@ -28,8 +27,9 @@ class WorkerBackend:
     def on_actor_start(self, num_cpus: float) -> None:
         """Warm up in the new actor process (imports, thread counts)."""
 
-    def on_start(self, info: WorkerInfo, master_addr: str, master_port: int) -> None:
-        """Before the training function: join the process group, pick the device."""
+    def on_start(self, info: WorkerInfo) -> Any:
+        """Before the training function: join the process group, pick the device; return the device (or None)."""
+        return None
 
     def on_shutdown(self) -> None:
         """After the training function returns."""
@@ -42,72 +42,63 @@ class TrainWorker:
         os.environ.update(env)
         self.backend = backend
         self.backend.on_actor_start(num_cpus)
-        self.outbox: queue.Queue[tuple] = queue.Queue()
+        self.outbox: queue.Queue[WorkerMessage] = queue.Queue()
         self.session: WorkerSession | None = None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Placement:
         """Where this actor runs: node, address, pid, GPUs."""
         import ray
 
         ctx = ray.get_runtime_context()
         accelerators = ctx.get_accelerator_ids() if hasattr(ctx, "get_accelerator_ids") else {}
-        return {
-            "node_id": ctx.get_node_id(),
-            "node_ip": ray.util.get_node_ip_address(),
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "gpu_ids": [str(g) for g in accelerators.get("GPU", [])],
-        }
+        return Placement(node_id=ctx.get_node_id(), node_ip=ray.util.get_node_ip_address(),
+                         hostname=socket.gethostname(), pid=os.getpid(),
+                         gpu_ids=tuple(str(g) for g in accelerators.get("GPU", [])))
 
     def find_free_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def start(self, train_func: bytes, driver_sys_path: list[str], config: dict | None, info: WorkerInfo,
-              storage: RunStorage, checkpoint: Checkpoint | None, first_step: int, master_addr: str,
-              master_port: int, env: dict[str, str]) -> None:
-        """Start the training function (pickled by the driver) in a thread and return."""
-        os.environ.update(env)
-        self.session = WorkerSession(info, storage, checkpoint, first_step, self.outbox)
-        thread = threading.Thread(
-            target=self._run, args=(train_func, driver_sys_path, config, info, master_addr, master_port),
-            name="trainlib-train", daemon=True,
-        )
+    def start(self, start: WorkerStart) -> None:
+        """Start the training function in a thread and return."""
+        # For code that reads torchrun's variables (RANK, LOCAL_RANK...) and for CUDA: trainlib
+        # itself reads the rank and device from the session.
+        os.environ.update(start.env)
+        self.session = WorkerSession(start.info, start.attempt, self.outbox)
+        thread = threading.Thread(target=self._run, args=(start.train_fn,), name="trainlib-train", daemon=True)
         thread.start()
 
-    def _run(self, train_func_bytes: bytes, driver_sys_path: list[str], config: dict | None, info: WorkerInfo,
-             master_addr: str, master_port: int) -> None:
+    def _run(self, train_fn: Any) -> None:
         assert self.session is not None
         set_session(self.session)
         _train_at_node_priority()
         try:
-            train_func = _load_train_func(train_func_bytes, driver_sys_path)
-            self.backend.on_start(info, master_addr, master_port)
-            if config is None:
-                train_func()
-            else:
-                train_func(config)
+            if not isinstance(train_fn, TrainFunction):
+                import ray
+
+                train_fn = ray.get(train_fn)  # the driver put it once into the object store
+            call = train_fn.load()
+            self.session.device = self.backend.on_start(self.session.info)
+            call()
             self.backend.on_shutdown()
         except BaseException as exc:  # noqa: BLE001 - every failure goes to the driver
             self.session.finish(exc)
         else:
             self.session.finish()
 
-    def next_messages(self) -> list[tuple]:
+    def next_messages(self) -> list[WorkerMessage]:
         """Block until this worker has something for the driver; return all of it, in order."""
-        messages = [self.outbox.get()]
-        while True:
-            try:
-                messages.append(self.outbox.get_nowait())
-            except queue.Empty:
-                return messages
+        return self._drain([self.outbox.get()])
 
-    def flush(self, timeout: float) -> list[tuple]:
+    def flush(self, timeout: float) -> list[WorkerMessage]:
         """After another rank failed: let pending uploads finish, then return what is queued."""
         if self.session is not None:
             self.session.wait_uploads(timeout)
-        messages = []
+        return self._drain([])
+
+    def _drain(self, messages: list[WorkerMessage]) -> list[WorkerMessage]:
+        """``messages`` and then everything queued now, in order."""
         while True:
             try:
                 messages.append(self.outbox.get_nowait())
@@ -137,22 +128,3 @@ def _train_at_node_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, int(tid), target)
         except OSError:
             pass  # a thread that has just exited
-
-
-def _load_train_func(payload: bytes, driver_sys_path: list[str]) -> Callable:
-    """Unpickle the training function; modules it references import as they do on the driver."""
-    import cloudpickle
-
-    # On the driver's node the driver's import path exists too: use it, so a function from a
-    # module next to the user's script (or a test module) imports here as it does there.
-    for entry in driver_sys_path:
-        if entry and entry not in sys.path and os.path.isdir(entry):
-            sys.path.append(entry)
-    try:
-        return cloudpickle.loads(payload)
-    except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError(
-            f"{exc}: the training function refers to a module that this worker cannot import. Install it "
-            "on every node (pip install -e .), or ship it with ray.init(runtime_env={'py_modules': [...]}) "
-            "or {'working_dir': ...}."
-        ) from exc

@@ -3,27 +3,24 @@
 It checks the request against the cluster (an impossible one fails at once),
 reserves one placement-group bundle per worker with a bounded wait, starts the
 actors, lays out the ranks, and turns every actor's messages, or its death,
-into ``(rank, message)`` pairs for the controller.
+into typed messages for the controller (``messages.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
-from typing import Any, Callable
+from typing import Any
 
-import cloudpickle
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainlib._internal import tunables
-from trainlib._internal.execution.messages import ERROR
+from trainlib._internal.execution.messages import FailedMessage, WorkerMessage, is_last
 from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
+from trainlib._internal.execution.spec import AttemptSpec, Placement, WorkerStart
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
-from trainlib._internal.storage.run_storage import RunStorage
-from trainlib.checkpoint import Checkpoint
 from trainlib.config import ScalingConfig
 from trainlib.errors import ResourcesUnavailableError, WorkerError
 
@@ -33,13 +30,14 @@ logger = logging.getLogger("trainlib")
 class RayWorkerGroup:
     """The actors of one attempt. ``start_actors`` -> ``placements`` -> ``start`` -> ``wait`` ... -> ``shutdown``."""
 
-    def __init__(self, scaling: ScalingConfig, backend: WorkerBackend):
+    def __init__(self, scaling: ScalingConfig, backend: WorkerBackend, train_fn: Any):
         self.scaling = scaling
         self.backend = backend
+        self.train_fn = train_fn  # a Ray reference to the TrainFunction, put once per run by the trainer
         self._pg = None
         self._actors: list[Any] = []  # by rank once started
         self._pending: dict[Any, int] = {}  # outstanding next_messages ref -> rank
-        self._placements: list[dict[str, Any]] = []
+        self._placements: list[Placement] = []
         self.plan: RankPlan | None = None
 
     def start_actors(self) -> None:
@@ -73,7 +71,7 @@ class RayWorkerGroup:
                 "ScalingConfig.placement_timeout_s if the cluster is scaling up."
             )
 
-    def placements(self) -> list[dict[str, Any]]:
+    def placements(self) -> list[Placement]:
         """Where each actor landed (waits for the actors to finish starting)."""
         refs = [a.describe.remote() for a in self._actors]
         try:
@@ -86,21 +84,19 @@ class RayWorkerGroup:
             ) from None
         return self._placements
 
-    def start(self, train_func: Callable, config: dict | None, experiment_name: str, storage: RunStorage,
-              checkpoint: Checkpoint | None, first_step: int, attempt: int) -> RankPlan:
+    def start(self, attempt: AttemptSpec) -> RankPlan:
         """Lay out ranks and start the training function on every worker."""
         placements = self._placements or self.placements()
         by_index = list(self._actors)
-        rank0 = plan_ranks(placements, experiment_name, storage.uri(), attempt, 0).order[0]
+        rank0 = plan_ranks(placements, 0).order[0]
         master_port = ray.get(by_index[rank0].find_free_port.remote())  # free on rank 0's node
-        plan = plan_ranks(placements, experiment_name, storage.uri(), attempt, master_port)
+        plan = plan_ranks(placements, master_port)
         self._actors = [by_index[i] for i in plan.order]
         self._placements = [placements[i] for i in plan.order]
         self.plan = plan
-        train_func_ref = ray.put(cloudpickle.dumps(train_func))
         refs = [
-            actor.start.remote(train_func_ref, list(sys.path), config, plan.infos[rank], storage, checkpoint,
-                               first_step, plan.envs[rank]["MASTER_ADDR"], master_port, plan.envs[rank])
+            actor.start.remote(WorkerStart(attempt=attempt, info=plan.infos[rank], env=plan.envs[rank],
+                                           train_fn=self.train_fn))
             for rank, actor in enumerate(self._actors)
         ]
         try:
@@ -110,18 +106,18 @@ class RayWorkerGroup:
         self._pending = {actor.next_messages.remote(): rank for rank, actor in enumerate(self._actors)}
         return plan
 
-    def wait(self) -> list[tuple[int, tuple]]:
-        """Block until some worker sends messages or dies; return them as (rank, message)."""
+    def wait(self) -> list[WorkerMessage]:
+        """Block until some worker sends messages or dies; return them in order (a death as a failure)."""
         ready, _ = ray.wait(list(self._pending), num_returns=1)
-        out = []
+        out: list[WorkerMessage] = []
         for ref in ready:
             rank = self._pending.pop(ref)
             try:
                 messages = ray.get(ref)
             except RayActorError as exc:
                 messages = [self._death_message(rank, exc)]
-            out.extend((rank, m) for m in messages)
-            if not any(m[0] in ("done", ERROR) for m in messages):
+            out.extend(messages)
+            if not any(is_last(m) for m in messages):
                 self._pending[self._actors[rank].next_messages.remote()] = rank
         return out
 
@@ -138,20 +134,20 @@ class RayWorkerGroup:
                 continue
         return WorkerError(rank=rank, cause=f"while the group was starting, {self._death_cause(rank, exc)}")
 
-    def _death_message(self, rank: int, exc: BaseException) -> tuple:
-        return (ERROR, rank, self._death_cause(rank, exc), "", None)
+    def _death_message(self, rank: int, exc: BaseException) -> FailedMessage:
+        return FailedMessage(rank=rank, cause=self._death_cause(rank, exc))
 
     def _death_cause(self, rank: int, exc: BaseException) -> str:
-        p = self._placements[rank] if rank < len(self._placements) else {}
+        p = self._placements[rank] if rank < len(self._placements) else None
         text = str(exc).strip().splitlines()
         detail = next((line.strip() for line in text if "exit" in line.lower() or "killed" in line.lower()
                        or "OOM" in line), text[0] if text else "")
-        return (f"the worker process (pid {p.get('pid')}) on node {p.get('node_ip')} died: {detail}. It may have "
+        return (f"the worker process (pid {p.pid if p else None}) on node {p.node_ip if p else None} died: {detail}. It may have "
                 "been killed (OOM, SIGKILL) or its node lost")
 
-    def flush(self, timeout: float) -> list[tuple[int, tuple]]:
+    def flush(self, timeout: float) -> list[WorkerMessage]:
         """After a failure: collect what the live workers still had queued, uploads included."""
-        out: list[tuple[int, tuple]] = []
+        out: list[WorkerMessage] = []
         refs = {a.flush.remote(timeout): rank for rank, a in enumerate(self._actors)}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout + 1.0)
         # Outstanding next_messages calls of ranks stuck in a collective never return: take
@@ -161,10 +157,10 @@ class RayWorkerGroup:
         for ref in ready:
             rank = refs.get(ref, self._pending.get(ref))
             try:
-                out.extend((rank, m) for m in ray.get(ref))
+                out.extend(ray.get(ref))
             except RayActorError as exc:
                 # A rank that died: the controller may pick its death as the root cause.
-                out.append((rank, self._death_message(rank, exc)))
+                out.append(self._death_message(rank, exc))
         return out
 
     def shutdown(self) -> None:

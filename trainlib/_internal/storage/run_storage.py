@@ -1,4 +1,4 @@
-"""Run storage on fsspec: the run folder, atomic checkpoint commits, the metrics log.
+"""Run storage on fsspec: the run folder, atomic checkpoint commits, the metrics log. Driver and workers.
 
 Used on the driver (commit, retention, run state) and in worker actors
 (checkpoint upload). Layout of one run::
@@ -24,7 +24,6 @@ import logging
 import os
 import posixpath
 import time
-import uuid
 from typing import Any
 
 import fsspec
@@ -36,7 +35,8 @@ from trainlib._internal.storage.commits import (
     checkpoint_dir_name,
 )
 from trainlib._internal.storage.run_record import RUN_STATE_FILE
-from trainlib._internal.util.filesystem import declares_shared, is_local_filesystem, resolve_filesystem
+from trainlib._internal.util.atomic import atomic_copy, atomic_write
+from trainlib._internal.util.filesystem import declares_shared, is_local_filesystem, resolve_filesystem, to_uri
 from trainlib._internal.util.retry import with_retries
 
 logger = logging.getLogger("trainlib")
@@ -75,7 +75,7 @@ class RunStorage:
 
     def uri(self, path: str | None = None) -> str:
         """The URL of ``path`` (default: the run folder), for people to read."""
-        return self.fs.unstrip_protocol(path or self.run_path) if not self.is_local else (path or self.run_path)
+        return to_uri(self.fs, path or self.run_path)
 
     def join(self, *parts: str) -> str:
         return posixpath.join(self.run_path, *parts)
@@ -89,13 +89,7 @@ class RunStorage:
         """Write a whole file so that readers see the old or the new content, never a part."""
         def write() -> None:
             if self.is_local:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
+                atomic_write(path, data)
             else:
                 self.fs.pipe_file(path, data)  # one PUT: atomic on object stores
 
@@ -120,12 +114,7 @@ class RunStorage:
     def _upload_file(self, local_file: str, dest: str) -> None:
         def copy() -> None:
             if self.is_local:
-                import shutil
-
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
-                shutil.copyfile(local_file, tmp)
-                os.replace(tmp, dest)
+                atomic_copy(local_file, dest)
             else:
                 self.fs.put_file(local_file, dest)
 
@@ -163,9 +152,6 @@ class RunStorage:
 
     def read_json(self, path: str) -> Any:
         return json.loads(with_retries(f"reading {self.uri(path)}", lambda: self.fs.cat_file(path)))
-
-    def read_run_state(self) -> dict[str, Any]:
-        return self.read_json(self.join(RUN_STATE_FILE))
 
     def list_checkpoint_dirs(self) -> list[str]:
         def ls() -> list[str]:

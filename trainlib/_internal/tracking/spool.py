@@ -7,6 +7,9 @@ import os
 import threading
 from typing import Any, Iterable
 
+from trainlib._internal.util.atomic import atomic_write
+from trainlib._internal.util.paths import expand_path
+
 
 class Spool:
     """An append-only JSON-lines file of tracking calls that could not be sent.
@@ -17,7 +20,7 @@ class Spool:
     """
 
     def __init__(self, path: str):
-        self.path = os.path.abspath(os.path.expanduser(path))
+        self.path = expand_path(path)
         self._lock = threading.Lock()
 
     def append(self, record: dict[str, Any]) -> None:
@@ -47,13 +50,7 @@ class Spool:
                 if os.path.exists(self.path):
                     os.remove(self.path)
                 return
-            tmp = f"{self.path}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                for record in records:
-                    f.write(json.dumps(record, default=str) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            atomic_write(self.path, "".join(json.dumps(r, default=str) + "\n" for r in records).encode("utf-8"))
 
     def __len__(self) -> int:
         return len(self.read())

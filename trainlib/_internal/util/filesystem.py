@@ -7,6 +7,7 @@ from typing import Any
 
 import fsspec
 
+from trainlib._internal.util.paths import expand_path
 from trainlib.errors import StorageError
 
 DEFAULT_STORAGE_PATH = "~/trainlib_results"
@@ -18,18 +19,21 @@ def is_local_filesystem(fs: fsspec.AbstractFileSystem) -> bool:
 
 
 def resolve_filesystem(storage_path: str | os.PathLike | None, filesystem: Any = None,
-                       storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Return the fsspec filesystem and the path inside it for a storage path or URL."""
+                       storage_options: dict | None = None, *,
+                       field: str = "RunConfig.storage_path") -> tuple[fsspec.AbstractFileSystem, str]:
+    """Return the fsspec filesystem and the path inside it for a local path or an fsspec URL.
+
+    ``field`` names the argument in the error raised when the URL cannot be opened.
+    """
     path = os.fspath(storage_path) if storage_path is not None else DEFAULT_STORAGE_PATH
     if filesystem is not None:
         return filesystem, filesystem._strip_protocol(path)
-    if "://" not in path:
-        path = os.path.abspath(os.path.expanduser(path))
+    path = expand_path(path)
     try:
         fs, inner = fsspec.core.url_to_fs(path, **(storage_options or {}))
     except (ImportError, ValueError) as exc:
         raise StorageError(
-            f"RunConfig.storage_path={path!r} cannot be opened: {exc}. Use a local folder or an "
+            f"{field}={path!r} cannot be opened: {exc}. Use a local folder or an "
             "fsspec URL whose package is installed (s3:// needs s3fs)."
         ) from None
     return fs, inner
@@ -42,3 +46,8 @@ def declares_shared(storage_path: str | os.PathLike | None) -> bool:
     says "this path is the same storage on every node" (an NFS or other shared mount).
     """
     return storage_path is not None and os.fspath(storage_path).startswith("file://")
+
+
+def to_uri(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """The URL of ``path`` on ``fs`` for people and ``Checkpoint.from_uri``: a plain path on local disk."""
+    return path if is_local_filesystem(fs) else fs.unstrip_protocol(path)

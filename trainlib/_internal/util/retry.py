@@ -24,22 +24,31 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
-def with_retries(what: str, func: Callable[[], T]) -> T:
-    """Run ``func``; retry transient I/O errors with backoff, then raise StorageError."""
-    delay = tunables.STORAGE_RETRY_BASE_DELAY_S
-    for attempt in range(1, tunables.STORAGE_RETRY_ATTEMPTS + 1):
+def with_retries(what: str, func: Callable[[], T], *, attempts: int | None = None,
+                 base_delay_s: float | None = None, max_delay_s: float | None = None,
+                 retryable: Callable[[BaseException], bool] = is_transient,
+                 error: type[Exception] = StorageError) -> T:
+    """Run ``func``; retry ``retryable`` errors with jittered exponential backoff, then raise ``error``.
+
+    The defaults are storage's (``tunables.STORAGE_RETRY_*``, ``StorageError``); other
+    repeatable I/O passes its own. Errors that are not retryable propagate at once.
+    """
+    attempts = attempts or tunables.STORAGE_RETRY_ATTEMPTS
+    delay = tunables.STORAGE_RETRY_BASE_DELAY_S if base_delay_s is None else base_delay_s
+    max_delay = tunables.STORAGE_RETRY_MAX_DELAY_S if max_delay_s is None else max_delay_s
+    for attempt in range(1, attempts + 1):
         try:
             return func()
         except Exception as exc:  # noqa: BLE001 - classified below
-            if not is_transient(exc):
+            if not retryable(exc):
                 raise
-            if attempt == tunables.STORAGE_RETRY_ATTEMPTS:
-                raise StorageError(
+            if attempt == attempts:
+                raise error(
                     f"{what} failed after {attempt} attempts: {type(exc).__name__}: {exc}. Check that the "
                     "storage is reachable (endpoint, network, bucket) and retry."
                 ) from None
             logger.warning("%s failed (%s: %s); retrying in %.1fs (attempt %d of %d)", what,
-                           type(exc).__name__, exc, delay, attempt, tunables.STORAGE_RETRY_ATTEMPTS)
+                           type(exc).__name__, exc, delay, attempt, attempts)
             time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, tunables.STORAGE_RETRY_MAX_DELAY_S)
+            delay = min(delay * 2, max_delay)
     raise AssertionError("unreachable")

@@ -1,0 +1,152 @@
+"""Opening and closing a run's folder for ``fit()``: new, resumed or overwritten; its run record kept. Driver only."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from trainlib._internal.execution.train_fn import TrainFunction
+from trainlib._internal.storage.commits import CommittedCheckpoint
+from trainlib._internal.storage.run_record import RunFailure, RunRecord, RunStatus
+from trainlib._internal.storage.run_storage import RunStorage
+from trainlib._internal.util.filesystem import declares_shared, resolve_filesystem
+from trainlib._internal.util.versions import trainlib_version
+from trainlib.callbacks import Callback, RunInfo
+from trainlib.config import RunConfig, ScalingConfig
+from trainlib.errors import RunExistsError
+from trainlib.result import Result
+
+if TYPE_CHECKING:
+    from trainlib._internal.execution.controller import Controller
+
+logger = logging.getLogger("trainlib")
+
+# The bound training function and the scaling config, for ``restore``.
+TRAINER_FILE = "trainer.pkl"
+
+
+@dataclasses.dataclass
+class OpenedRun:
+    """A run folder ready for the controller: its record and what earlier attempts committed."""
+
+    storage: RunStorage
+    record: RunRecord
+    committed: list[CommittedCheckpoint]
+    metrics_rows: list[dict[str, Any]]
+
+
+def public_fields(config: Any) -> dict[str, Any]:
+    """A config dataclass as a JSON-able dict of its public fields."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if not f.name.startswith("_")}
+
+
+def open_run(run_config: RunConfig, name: str, *, restoring: bool, train_fn: TrainFunction,
+             train_loop_config: dict | None, scaling_config: ScalingConfig) -> OpenedRun:
+    """Create the run folder, or resume or overwrite the one there per ``RunConfig.if_exists``."""
+    rc = run_config
+    fs, root = resolve_filesystem(rc.storage_path, rc.storage_filesystem, rc.storage_options)
+    storage = RunStorage(fs, root, name, shared=declares_shared(rc.storage_path))
+    if storage.exists():
+        previous = RunRecord.load(storage)
+        status = previous.status.value
+        if rc.if_exists == "error" or (previous.status is RunStatus.FINISHED and not restoring
+                                       and rc.if_exists != "overwrite"):
+            raise RunExistsError(
+                f"A run named {name!r} ({status}) already exists at {storage.uri()}. Pick another "
+                "RunConfig.name, or pass RunConfig(if_exists='overwrite') to delete it and start over"
+                + (", or continue it with TorchTrainer.restore(path)." if previous.status is RunStatus.FINISHED
+                   else ", or RunConfig(if_exists='resume') to continue it from its latest checkpoint.")
+            )
+        if rc.if_exists == "overwrite":
+            logger.warning("Deleting the existing run %s (RunConfig.if_exists='overwrite')", storage.uri())
+            storage.remove_run()
+        else:
+            storage.remove_uncommitted()
+            committed = storage.committed_checkpoints()
+            logger.warning("Run %r exists (%s) at %s: resuming it from %s (RunConfig.if_exists='resume').",
+                           name, status, storage.uri(),
+                           committed[-1].path if committed else "the start (it has no committed checkpoint)")
+            previous.resumed += 1
+            return OpenedRun(storage, previous, committed, storage.read_metrics_log())
+    record = RunRecord(
+        name=name, storage_path=storage.uri(storage.root), trainlib_version=trainlib_version(),
+        train_loop_config=train_loop_config, scaling_config=public_fields(scaling_config),
+        checkpoint_config=public_fields(rc.checkpoint_config), failure_config=public_fields(rc.failure_config),
+    )
+    storage.write_bytes_atomic(storage.join(TRAINER_FILE),
+                               cloudpickle.dumps({"train_fn": train_fn, "scaling_config": scaling_config}))
+    return OpenedRun(storage, record, [], [])
+
+
+def start_run(run: OpenedRun, run_info: RunInfo, callbacks: list[Callback]) -> None:
+    """Run the callbacks' ``before_run`` (any may stop the run), then record the run as RUNNING."""
+    for callback in callbacks:
+        callback.load_state_dict(dict(run.record.callbacks.get(callback.state_key) or {}))
+    for callback in callbacks:
+        callback.before_run(run_info)  # may raise: nothing has started yet
+    _save_callback_states(run.record, callbacks)
+    run.record.status = RunStatus.RUNNING
+    run.record.save(run.storage)
+
+
+def close_run(run: OpenedRun, run_config: RunConfig, run_info: RunInfo, controller: "Controller",
+              error: BaseException | None) -> Result:
+    """Record how the run ended, read its ``Result`` back and tell the callbacks."""
+    storage, record = run.storage, run.record
+    record.status = RunStatus.FINISHED if error is None else RunStatus.FAILED
+    record.error = None if error is None else f"{type(error).__name__}: {error}"[:4000]
+    record.failures = [RunFailure(rank=f.rank, cause=f.cause) for f in controller.failures]
+    record.ended_at = time.time()
+    try:
+        record.save(storage)
+    except Exception as exc:  # noqa: BLE001 - keep the original error
+        if error is None:
+            raise
+        logger.warning("Could not record the run's FAILED state: %s", exc)
+    try:
+        result = Result.from_storage(storage, run_config.checkpoint_config,
+                                     error if isinstance(error, Exception) else None)
+    except Exception as exc:  # noqa: BLE001 - after a failure, storage may be what failed
+        if error is None:
+            raise
+        logger.warning("Could not read the failed run back from storage: %s", exc)
+        result = Result(metrics=None, checkpoint=None, path=storage.uri(), error=error)
+    for callback in run_config.callbacks:
+        try:
+            callback.after_run(run_info, result)
+        except Exception as exc:  # noqa: BLE001 - training is over; report and go on
+            logger.warning("Callback %s.after_run failed: %s", type(callback).__name__, exc)
+    if _save_callback_states(record, run_config.callbacks):
+        try:
+            record.save(storage)
+        except Exception as exc:  # noqa: BLE001 - the run's outcome is recorded already
+            logger.warning("Could not save the callbacks' state in the run record: %s", exc)
+    if error is None and run_config.verbose:
+        logger.info("Run %s finished: %d report(s), latest checkpoint %s", storage.name,
+                    len(controller.metrics_rows), result.checkpoint.uri if result.checkpoint else None)
+    return result
+
+
+def _save_callback_states(record: RunRecord, callbacks: list[Callback]) -> bool:
+    """Copy each callback's ``state_dict()`` into the record; True when something changed."""
+    changed = False
+    for callback in callbacks:
+        state = callback.state_dict()
+        if state and record.callbacks.get(callback.state_key) != state:
+            record.callbacks[callback.state_key] = dict(state)
+            changed = True
+    return changed
+
+
+def load_trainer_file(storage: RunStorage) -> tuple[Any, dict | None, ScalingConfig]:
+    """The training function, its config and the scaling config that ``fit()`` stored for ``restore``."""
+    saved = cloudpickle.loads(storage.fs.cat_file(storage.join(TRAINER_FILE)))
+    if "train_fn" in saved:
+        func, config = saved["train_fn"].unpack()
+    else:  # a run folder written before the function was bound once
+        func, config = saved["train_loop_per_worker"], saved["train_loop_config"]
+    return func, config, saved["scaling_config"]
