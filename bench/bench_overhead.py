@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
@@ -53,14 +53,18 @@ VARIANTS = {
     "raytrain": "Ray Train TorchTrainer",
     "torchrun": "torchrun + DDP by hand",
     "plain": "plain PyTorch, 1 process",
+    "trainlib_base": "trainlib from --baseline (the code before a change), same job",
 }
-TARGET_WALL_RATIO = 0.6      # trainlib wall / Ray Train wall, at most
-TARGET_THROUGHPUT_RATIO = 0.97  # trainlib steps/s / torchrun steps/s, at least
+# Issue 14's targets, on the 40-step tutorial job with 2 workers.
+TARGET_WALL_RATIO = 0.5          # trainlib wall / Ray Train wall, at most
+TARGET_THROUGHPUT_RATIO = 1.0    # trainlib steady steps/s / torchrun's, at least
+TARGET_FIRST_STEP_EXTRA_S = 3.0  # trainlib time to first step - torchrun's, at most
+TARGET_RSS_RATIO = 1.2           # trainlib peak RSS of the process tree / torchrun's, at most
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per worker (default 30)")
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per worker (default 40)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each variant; medians are reported (default 3)")
     parser.add_argument("--warmup-steps", type=int, default=5,
                         help="steps left out of the steady-state throughput (default 5)")
@@ -72,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="where overhead.json and overhead.md go (default bench/results)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take (default 900)")
     parser.add_argument("--sample-interval", type=float, default=0.2, help="memory sampling period in seconds")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="a checkout of trainlib to compare with (e.g. `git archive <commit>` unpacked): adds "
+                             "the variant trainlib_base, the same job importing trainlib from DIR")
     parser.add_argument("--rebuild", metavar="JSON",
                         help="run nothing: recompute the medians and tables from the raw runs of an overhead.json")
     args = parser.parse_args(argv)
@@ -81,6 +88,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         parser.error(f"--variants={args.variants!r}: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    if args.baseline and "trainlib_base" not in variants:
+        variants.append("trainlib_base")
+    if "trainlib_base" in variants and not (args.baseline and os.path.isdir(os.path.join(args.baseline, "trainlib"))):
+        parser.error(f"--baseline={args.baseline!r}: the trainlib_base variant needs a folder holding trainlib/")
     if args.steps <= args.warmup_steps + 1:
         parser.error(f"--steps={args.steps} must exceed --warmup-steps={args.warmup_steps} by 2 or more, "
                      "so some steady-state intervals remain")
@@ -226,15 +237,20 @@ def command(variant: str, steps: int, data_root: str, storage: str, out: str) ->
     if variant == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                 os.path.join(JOBS, "torchrun_job.py"), *job_args]
-    return [sys.executable, os.path.join(JOBS, f"{variant}_job.py"), *job_args]
+    script = "trainlib" if variant == "trainlib_base" else variant
+    return [sys.executable, os.path.join(JOBS, f"{script}_job.py"), *job_args]
 
 
-def job_env() -> dict[str, str]:
-    """The environment of every job: this one, without thread or Ray settings, so each framework picks its own."""
+def job_env(baseline: str | None = None) -> dict[str, str]:
+    """The environment of every job: this one, without thread or Ray settings, so each framework picks its own.
+
+    With ``baseline``, trainlib is imported from that folder instead of this checkout.
+    """
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
     # The jobs import bench/jobs/common.py; Ray workers inherit this path from the driver's environment.
-    env["PYTHONPATH"] = os.pathsep.join([JOBS, REPO] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and baseline is None]
+    env["PYTHONPATH"] = os.pathsep.join([JOBS, os.path.abspath(baseline) if baseline else REPO] + inherited)
     env["CUDA_VISIBLE_DEVICES"] = ""  # CPU only, for every variant
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -249,7 +265,11 @@ def run_once(variant: str, args: argparse.Namespace, data_root: str, workdir: st
     load_before = os.getloadavg()
     with open(log_path, "wb") as log:
         t0 = time.time()
-        proc = subprocess.Popen(command(variant, args.steps, data_root, storage, out), cwd=REPO, env=job_env(),
+        env = job_env(args.baseline if variant == "trainlib_base" else None)
+        # Ray puts the driver's working directory on its workers' import path: the baseline's
+        # workers must start there, or they import this checkout's trainlib.
+        cwd = os.path.abspath(args.baseline) if variant == "trainlib_base" else REPO
+        proc = subprocess.Popen(command(variant, args.steps, data_root, storage, out), cwd=cwd, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
         sampler = TreeSampler(proc.pid, args.sample_interval)
         sampler.start()
@@ -359,17 +379,29 @@ def ratios(summary: dict[str, Any]) -> dict[str, Any]:
             return summary[a][key] / summary[b][key]
         return None
 
-    wall = ratio("trainlib", "raytrain", "wall_s")
-    throughput = ratio("trainlib", "torchrun", "steady_steps_per_s")
+    def target(value: float | None, text: str, met: Callable[[float], bool]) -> dict[str, Any]:
+        return {"value": value, "target": text, "met": None if value is None else met(value)}
+
+    first_extra = None
+    if summary.get("trainlib", {}).get("time_to_first_step_s") and summary.get("torchrun", {}).get("time_to_first_step_s"):
+        first_extra = summary["trainlib"]["time_to_first_step_s"] - summary["torchrun"]["time_to_first_step_s"]
     return {
-        "trainlib_wall_over_raytrain_wall": {"value": wall, "target": f"<= {TARGET_WALL_RATIO}",
-                                             "met": None if wall is None else wall <= TARGET_WALL_RATIO},
-        "trainlib_steps_per_s_over_torchrun": {"value": throughput, "target": f">= {TARGET_THROUGHPUT_RATIO}",
-                                               "met": None if throughput is None
-                                               else throughput >= TARGET_THROUGHPUT_RATIO},
+        "trainlib_wall_over_raytrain_wall": target(ratio("trainlib", "raytrain", "wall_s"), f"<= {TARGET_WALL_RATIO}",
+                                                   lambda v: v <= TARGET_WALL_RATIO),
+        "trainlib_first_step_minus_torchrun_s": target(first_extra, f"<= +{TARGET_FIRST_STEP_EXTRA_S:g} s",
+                                                       lambda v: v <= TARGET_FIRST_STEP_EXTRA_S),
+        "trainlib_steps_per_s_over_torchrun": target(ratio("trainlib", "torchrun", "steady_steps_per_s"),
+                                                     f">= {TARGET_THROUGHPUT_RATIO}",
+                                                     lambda v: v >= TARGET_THROUGHPUT_RATIO),
+        "trainlib_peak_rss_over_torchrun": target(ratio("trainlib", "torchrun", "peak_rss_bytes"),
+                                                  f"<= {TARGET_RSS_RATIO}", lambda v: v <= TARGET_RSS_RATIO),
         "trainlib_time_to_first_step_over_raytrain": ratio("trainlib", "raytrain", "time_to_first_step_s"),
         "trainlib_outside_steps_over_raytrain": ratio("trainlib", "raytrain", "outside_steps_s"),
         "trainlib_peak_rss_over_raytrain": ratio("trainlib", "raytrain", "peak_rss_bytes"),
+        # This checkout against --baseline's, on the same job in the same run.
+        "trainlib_wall_over_baseline": ratio("trainlib", "trainlib_base", "wall_s"),
+        "trainlib_outside_steps_over_baseline": ratio("trainlib", "trainlib_base", "outside_steps_s"),
+        "trainlib_peak_rss_over_baseline": ratio("trainlib", "trainlib_base", "peak_rss_bytes"),
     }
 
 
@@ -422,19 +454,26 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_fmt(row['time_to_first_step_s'], '.1f')} | {_fmt(row['steady_steps_per_s'], '.2f')} | "
             f"{_fmt(samples, '.0f')} | {_fmt(row['outside_steps_s'], '.1f')} | {_fmt(None if row['peak_rss_bytes'] is None else row['peak_rss_bytes'] / 1e9, '.2f')} |"
         )
-    w, t = r["trainlib_wall_over_raytrain_wall"], r["trainlib_steps_per_s_over_torchrun"]
-
     def verdict(x: dict[str, Any]) -> str:
         return "n/a" if x["met"] is None else ("met" if x["met"] else "MISSED")
 
+    lines += ["", "| target (issue 14) | measured | target | |", "|---|---|---|---|"]
+    for key, label, spec in [
+        ("trainlib_wall_over_raytrain_wall", "trainlib wall / Ray Train wall", ".2f"),
+        ("trainlib_first_step_minus_torchrun_s", "trainlib time to first step - torchrun's, s", "+.1f"),
+        ("trainlib_steps_per_s_over_torchrun", "trainlib steady steps/s / torchrun's", ".3f"),
+        ("trainlib_peak_rss_over_torchrun", "trainlib peak RSS / torchrun's", ".2f"),
+    ]:
+        x = r[key]
+        lines.append(f"| {label} | {_fmt(x['value'], spec)} | {x['target']} | {verdict(x)} |")
+    lines.append(f"| trainlib / Ray Train, wall outside the steps | "
+                 f"{_fmt(r['trainlib_outside_steps_over_raytrain'], '.2f')} | (no target) | |")
+    if r.get("trainlib_wall_over_baseline") is not None:
+        lines.append(f"| trainlib / trainlib before (--baseline): wall, outside the steps, peak RSS | "
+                     f"{_fmt(r['trainlib_wall_over_baseline'], '.2f')}, "
+                     f"{_fmt(r['trainlib_outside_steps_over_baseline'], '.2f')}, "
+                     f"{_fmt(r['trainlib_peak_rss_over_baseline'], '.2f')} | (no target) | |")
     lines += [
-        "",
-        "| ratio | measured | target | |",
-        "|---|---|---|---|",
-        f"| trainlib wall / Ray Train wall | {_fmt(w['value'], '.2f')} | {w['target']} | {verdict(w)} |",
-        f"| trainlib steps/s / torchrun steps/s | {_fmt(t['value'], '.3f')} | {t['target']} | {verdict(t)} |",
-        f"| trainlib / Ray Train, wall outside the steps | {_fmt(r['trainlib_outside_steps_over_raytrain'], '.2f')} "
-        "| (no target) | |",
         "",
         "Where the wall time goes (median seconds from process start):",
         "",
@@ -518,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
                 status = "FAILED" if "error" in record else (
                     f"wall {record['wall_s']:.1f}s, first step {record['time_to_first_step_s']:.1f}s, "
                     f"{record['steady_steps_per_s']:.2f} steps/s, peak {record['peak_rss_bytes'] / 1e9:.2f} GB")
-                print(f"[{repeat + 1}/{args.repeats}] {variant:9s} {status}", flush=True)
+                print(f"[{repeat + 1}/{args.repeats}] {variant:13s} {status}, load "
+                      f"{record['load_average_at_start'][0]:.1f}", flush=True)
                 if "error" in record:
                     print(record["error"][-1500:], file=sys.stderr, flush=True)
     finally:

@@ -40,12 +40,15 @@ def ddp_train_func():
         optimizer.step()
     with tempfile.TemporaryDirectory() as folder:
         torch.save(model.module.state_dict(), os.path.join(folder, f"weights_rank{rank}.pt"))
-        trainlib.report({"loss": loss.item()}, checkpoint=trainlib.Checkpoint.from_directory(folder))
+        # prepare_model's default: gradients live in DDP's buckets (one copy less per step).
+        trainlib.report({"loss": loss.item(), "bucket_view": model.gradient_as_bucket_view},
+                        checkpoint=trainlib.Checkpoint.from_directory(folder))
 
 
 def test_ddp_averages_gradients_across_ranks(ray_session, storage_path):
     result = TorchTrainer(ddp_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
                           run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False)).fit()
+    assert result.metrics["bucket_view"] is True
     with result.checkpoint.as_directory() as folder:
         # The files of both ranks are merged into one checkpoint.
         weights = [torch.load(os.path.join(folder, f"weights_rank{r}.pt")) for r in (0, 1)]

@@ -24,17 +24,24 @@ def _load_bench():
 
 bench = _load_bench()
 
-# A parent that starts a grandchild holding 200 MB, exits without waiting (the grandchild is
-# re-parented to init), and the grandchild lives on for a while.
+# A parent that starts a grandchild holding 200 MB, exits without waiting for it (the grandchild
+# is re-parented to init), and the grandchild lives on for a while. The grandchild creates the
+# file argv[1] once all its pages are touched (under load that takes a while); the parent exits
+# some samples after that, so the peak holds both.
 _TREE = """
-import subprocess, sys, time
-subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(3)"])
-time.sleep(1.5)
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import sys, time; b = bytearray(200 * 2**20); "
+                  "b[::4096] = b'x' * len(b[::4096]); open(sys.argv[1], 'w').close(); time.sleep(3)", sys.argv[1]])
+deadline = time.time() + 60
+while not os.path.exists(sys.argv[1]) and time.time() < deadline:
+    time.sleep(0.05)
+time.sleep(0.5)
 """
 
 
-def test_tree_sampler_counts_descendants_even_after_their_parent_exits():
-    proc = subprocess.Popen([sys.executable, "-c", _TREE])
+def test_tree_sampler_counts_descendants_even_after_their_parent_exits(tmp_path):
+    touched = tmp_path / "touched"
+    proc = subprocess.Popen([sys.executable, "-c", _TREE, str(touched)])
     sampler = bench.TreeSampler(proc.pid, 0.1)
     sampler.start()
     proc.wait()

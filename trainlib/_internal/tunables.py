@@ -19,6 +19,10 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 # How long the driver waits for worker actors to start (import torch, join the group).
 WORKER_START_TIMEOUT_S = 300.0
 
+# At exit, the embedded Ray that trainlib started is shut down this long after the last fit() returned
+# at the earliest, so the workers' last log lines reach the driver (Ray's own exit hook sleeps 0.5 s).
+WORKER_LOG_FLUSH_S = 0.5
+
 # After one rank fails, how long the others get to finish their pending checkpoint uploads, so
 # reports that every rank made are still committed before the group is torn down.
 FLUSH_AFTER_FAILURE_S = 30.0

@@ -43,6 +43,10 @@ def prepare_model(model: torch.nn.Module, move_to_device: bool | torch.device = 
             ``trainlib.torch.fsdp``), or None to skip wrapping.
         parallel_strategy_kwargs: keyword arguments for DistributedDataParallel,
             or for ``fully_shard`` (``FullyShardedDataParallel`` when they are FSDP1's).
+            For DDP trainlib sets ``gradient_as_bucket_view=True`` unless given here: the
+            gradients live in DDP's allreduce buckets instead of beside them, one copy less per
+            step and one gradient-sized buffer less per worker (bench/results/ddp.md). Pass
+            False if your code calls ``detach_()`` on gradients.
 
     Returns:
         The model, wrapped in DDP when training with more than one worker (use
@@ -68,6 +72,7 @@ def prepare_model(model: torch.nn.Module, move_to_device: bool | torch.device = 
     if world_size > 1 and parallel_strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
+        kwargs.setdefault("gradient_as_bucket_view", True)
         if device.type == "cuda":
             kwargs.setdefault("device_ids", [device.index])
             kwargs.setdefault("output_device", device.index)

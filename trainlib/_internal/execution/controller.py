@@ -151,6 +151,10 @@ class Controller:
 
     def _run_attempt(self, group: WorkerGroup) -> WorkerError | None:
         group.start_actors()
+        # A crash may have left checkpoint folders that were never committed: clear them while
+        # the actors start.
+        for path in self.storage.remove_uncommitted():
+            logger.info("Removed uncommitted checkpoint folder %s", self.storage.uri(path))
         placements = group.placements()
         self.num_nodes = len({p.node_id for p in placements})
         if self.num_nodes > 1 and not self.storage.shared:
@@ -160,9 +164,6 @@ class Controller:
                 "storage that every node reaches, e.g. storage_path='s3://bucket/runs', or a mount that every "
                 "node has (NFS) written as a file:// URL, which declares it shared: 'file:///mnt/nfs/runs'."
             )
-        # A crash may have left checkpoint folders that were never committed: clear them.
-        for path in self.storage.remove_uncommitted():
-            logger.info("Removed uncommitted checkpoint folder %s", self.storage.uri(path))
         first_step = self.committed[-1].step + 1 if self.committed else 1
         plan = group.start(AttemptSpec(attempt=self.attempt, storage=self.storage,
                                        checkpoint=self.latest_checkpoint(), first_step=first_step))

@@ -7,7 +7,6 @@ first turns that into an error within ``RAY_CONNECT_TIMEOUT_S``.
 
 from __future__ import annotations
 
-import os
 import socket
 
 from trainlib._internal import tunables
@@ -39,20 +38,3 @@ def probe_ray_address(address: str | None, source: str = "RAY_ADDRESS") -> None:
         "Start the cluster (ray start --head) or fix the address; unset it to run on a local Ray started "
         "for this job."
     )
-
-
-def ensure_ray() -> None:
-    """Connect to Ray: the cluster in RAY_ADDRESS if set (probed first), else start an embedded local one."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    address = os.environ.get("RAY_ADDRESS")
-    if address:
-        probe_ray_address(address)
-        ray.init(log_to_driver=True)
-    else:
-        # The dashboard costs a second of start-up and is not needed for embedded runs.
-        # address="local": without it Ray joins the last cluster started on this machine
-        # (/tmp/ray/ray_current_cluster), which may be someone else's.
-        ray.init(address="local", include_dashboard=False, log_to_driver=True)

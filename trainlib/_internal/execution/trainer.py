@@ -13,7 +13,7 @@ import uuid
 from typing import Any, Callable
 
 from trainlib._internal.execution.controller import Controller
-from trainlib._internal.execution.ray_connect import ensure_ray
+from trainlib._internal.execution.embedded_ray import ensure_ray, note_fit_ended
 from trainlib._internal.execution.monitor import ScalingPolicy
 from trainlib._internal.execution.placement import available_workers
 from trainlib._internal.execution.run import (
@@ -163,6 +163,8 @@ class DataParallelTrainer:
         except BaseException as exc:  # KeyboardInterrupt: record the run as failed, and stop
             close_run(run, rc, run_info, controller, exc)
             raise
+        finally:
+            note_fit_ended()
         return close_run(run, rc, run_info, controller, None)
 
     @classmethod

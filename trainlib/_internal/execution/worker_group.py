@@ -76,17 +76,6 @@ class RayWorkerGroup:
         check_resources(self.scaling, ray.nodes())
         bundles = [self.scaling.worker_resources for _ in range(self.num_workers)]
         self._pg = placement_group(bundles, strategy=self.scaling.placement_strategy, name="trainlib-workers")
-        ready, _ = ray.wait([self._pg.ready()], timeout=self.scaling.placement_timeout_s)
-        if not ready:
-            available = format_resources(ray.available_resources())
-            total = format_resources(ray.cluster_resources())
-            self.shutdown()
-            raise ResourcesUnavailableError(
-                f"Timed out after {self.scaling.placement_timeout_s:.0f}s waiting for {self.num_workers} "
-                f"workers x {format_resources(self.scaling.worker_resources)}: the cluster has {total} in all but only "
-                f"{available} free; other tasks or actors hold the rest. Free them, lower the request, or raise "
-                "ScalingConfig.placement_timeout_s if the cluster is scaling up."
-            )
         cpus = self.scaling.worker_resources.get("CPU", 0)
         gpus = self.scaling.worker_resources.get("GPU", 0)
         custom = {k: v for k, v in self.scaling.worker_resources.items() if k not in ("CPU", "GPU")}
@@ -99,6 +88,19 @@ class RayWorkerGroup:
             ).remote(self.backend, cpus, {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
             for i in range(self.num_workers)
         ]
+        # The actors are submitted before waiting: they are scheduled the moment the group is
+        # reserved, not a round trip to this driver later.
+        ready, _ = ray.wait([self._pg.ready()], timeout=self.scaling.placement_timeout_s)
+        if not ready:
+            available = format_resources(ray.available_resources())
+            total = format_resources(ray.cluster_resources())
+            self.shutdown()
+            raise ResourcesUnavailableError(
+                f"Timed out after {self.scaling.placement_timeout_s:.0f}s waiting for {self.num_workers} "
+                f"workers x {format_resources(self.scaling.worker_resources)}: the cluster has {total} in all but only "
+                f"{available} free; other tasks or actors hold the rest. Free them, lower the request, or raise "
+                "ScalingConfig.placement_timeout_s if the cluster is scaling up."
+            )
 
     def placements(self) -> list[Placement]:
         """Where each actor landed (waits for the actors to finish starting)."""

@@ -1,0 +1,83 @@
+"""The embedded Ray that fit() starts: lean (no dashboard head, no autoscaler monitor), usable for
+several fits, workers' output reaches the driver, and nothing of it outlives the driver's process.
+
+Runs a fresh Python process (no Ray initialised, no RAY_ADDRESS), as a user's script does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from conftest import REPO_ROOT
+
+SCRIPT = r"""
+import json, sys
+import ray
+import trainlib
+from trainlib.torch import TorchTrainer
+
+
+def train_func(config):
+    print(f"WORKER_SAYS rank={trainlib.get_context().get_world_rank()} fit={config['fit']}", flush=True)
+    trainlib.report({"fit": config["fit"]})
+
+
+results = []
+for fit in (1, 2):  # the lean Ray serves a second fit() in the same process
+    result = TorchTrainer(train_func, train_loop_config={"fit": fit},
+                          scaling_config=trainlib.ScalingConfig(num_workers=2),
+                          run_config=trainlib.RunConfig(name=f"fit{fit}", storage_path=sys.argv[1])).fit()
+    results.append(result.metrics["fit"])
+node = ray._private.worker._global_node
+alive = {kind: [info.process.poll() is None for info in infos] for kind, infos in node.all_processes.items()}
+print("STATE " + json.dumps({"results": results, "alive": alive, "session_dir": node.get_session_dir_path()}),
+      flush=True)
+"""
+
+
+def _session_processes(session_dir: str) -> list[str]:
+    """Processes still running whose command line names the Ray session (its daemons and workers)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if session_dir in cmd or os.path.basename(session_dir) in cmd:
+            found.append(f"{proc.info['pid']} {cmd[:120]}")
+    return found
+
+
+# ~40 s on a quiet machine; minutes under heavy load (the limit is for hangs).
+@pytest.mark.timeout(900)
+def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    # RAY_DEDUP_LOGS=0: Ray would fold the ranks' alike lines into one "[repeated 2x]" line.
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "RAY_TMPDIR": "/tmp", "RAY_DEDUP_LOGS": "0"}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "runs")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=850)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    import json
+
+    state = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("STATE "))[6:])
+    assert state["results"] == [1, 2]
+    # The daemons an embedded run never uses were stopped; the ones it needs still run.
+    assert state["alive"]["dashboard"] == [False] and state["alive"]["monitor"] == [False]
+    assert state["alive"]["raylet"] == [True] and state["alive"]["gcs_server"] == [True]
+    assert state["alive"]["log_monitor"] == [True]
+    # Every worker's print reached the driver (Ray forwards worker output to it).
+    for fit in (1, 2):
+        for rank in (0, 1):
+            assert f"WORKER_SAYS rank={rank} fit={fit}" in out.stdout + out.stderr
+    # The driver's fast shutdown left nothing of the session running (bounded wait for the reaping).
+    deadline = time.time() + 30
+    while _session_processes(state["session_dir"]) and time.time() < deadline:
+        time.sleep(0.5)
+    assert _session_processes(state["session_dir"]) == []

@@ -1,0 +1,106 @@
+"""The Ray that ``fit()`` connects to, and the lean local instance it starts when none is given. Driver only.
+
+With no Ray initialised and no ``RAY_ADDRESS``, trainlib starts an embedded
+single-node Ray for the run (``ray.init(address="local")``). Two of the daemons
+Ray starts for it do nothing for such a run: the dashboard head (with
+``include_dashboard=False`` it only hosts usage statistics) and the autoscaler
+monitor (a local node never scales). They cost ~230 MB of memory and, at exit,
+Ray gives each up to a second to stop, one after another; trainlib stops them as
+soon as Ray is up (bench/results/overhead.md). Ray's own exit hook also sleeps
+0.5 s so the workers' last log lines reach the driver; trainlib's hook waits only
+what is left of that since the last ``fit()`` returned, then shuts Ray down.
+
+A Ray that the user initialised, or a cluster (``RAY_ADDRESS``), is never touched.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import time
+
+from trainlib._internal import tunables
+from trainlib._internal.execution.ray_connect import probe_ray_address
+
+logger = logging.getLogger("trainlib")
+
+# Daemons of a local head node that an embedded trainlib run never uses (Ray's process-type names).
+UNUSED_DAEMONS = ("dashboard", "monitor")
+
+_started_here = False
+_last_fit_end = 0.0
+
+
+def ensure_ray() -> None:
+    """Connect to Ray: the cluster in RAY_ADDRESS if set (probed first), else start a lean embedded local one."""
+    import ray
+
+    global _started_here
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        probe_ray_address(address)  # seconds, not minutes of GCS retries, when nothing listens there
+        ray.init(log_to_driver=True)
+        return
+    # address="local": without it Ray joins the last cluster started on this machine
+    # (/tmp/ray/ray_current_cluster), which may be someone else's.
+    ray.init(address="local", include_dashboard=False, log_to_driver=True)
+    _started_here = True
+    stop_unused_daemons()
+    # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).
+    atexit.register(shutdown_embedded_ray)
+
+
+def started_embedded_ray() -> bool:
+    """Whether the Ray this process is connected to was started by trainlib (and is still up)."""
+    import ray
+
+    return _started_here and ray.is_initialized()
+
+
+def stop_unused_daemons() -> list[str]:
+    """Stop the daemons of the embedded node that a trainlib run never uses; return their names."""
+    node = _local_node()
+    if node is None:
+        return []
+    stopped = []
+    for process_type in UNUSED_DAEMONS:
+        for info in node.all_processes.get(process_type, []):
+            if info.process.poll() is None:
+                info.process.kill()  # stateless: nothing to flush; Ray's shutdown reaps it
+                stopped.append(process_type)
+    return stopped
+
+
+def note_fit_ended() -> None:
+    """Called when ``fit()`` returns: the exit hook lets the workers' last log lines arrive after it."""
+    global _last_fit_end
+    _last_fit_end = time.monotonic()
+
+
+def shutdown_embedded_ray() -> None:
+    """At exit: shut down the Ray trainlib started, without Ray's fixed half-second sleep."""
+    if not started_embedded_ray():
+        return
+    import ray
+
+    left = tunables.WORKER_LOG_FLUSH_S - (time.monotonic() - _last_fit_end)
+    if _last_fit_end and left > 0:
+        time.sleep(left)
+    try:
+        ray.shutdown()
+    except Exception as exc:  # noqa: BLE001 - exiting anyway; Ray's own hook and reaper clean up
+        logger.debug("Fast Ray shutdown failed (%s); Ray's exit hook takes over", exc)
+
+
+def _local_node():
+    """Ray's handle on the processes ``ray.init`` started here, or None (private API; checked)."""
+    try:
+        from ray._private import worker as ray_worker
+
+        node = getattr(ray_worker, "_global_node", None)
+        return node if node is not None and isinstance(getattr(node, "all_processes", None), dict) else None
+    except ImportError:  # another Ray version: keep its daemons
+        return None
