@@ -1,0 +1,57 @@
+"""Shared pieces of the model tests: real FashionMNIST test images and a tiny, quickly trained network."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+import torch
+
+from conftest import FASHION_MNIST_MIRROR
+
+needs_data = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_MIRROR),
+                                reason=f"the FashionMNIST mirror {FASHION_MNIST_MIRROR} is missing")
+
+FASHION_MNIST_MD5S = {
+    "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+    "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+    "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+    "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+}
+
+
+@functools.lru_cache(maxsize=2)
+def real_images(train: bool, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``limit`` real FashionMNIST images (uint8 [N, 28, 28]) and labels of a split."""
+    from tasks.datasets import load_fashion_mnist_split
+
+    return load_fashion_mnist_split(FASHION_MNIST_MIRROR, train=train, limit=limit)
+
+
+def tiny_trained_network(steps: int = 8, batch_size: int = 64, seed: int = 0) -> torch.nn.Module:
+    """The classifier's ResNet18 after a few SGD steps on real training images (seconds, not minutes).
+
+    Trained just enough that its labels differ between images, so label comparisons mean something.
+    """
+    from tasks.domain.classifier_model import build_network, normalise
+    from tasks.domain.model_package import FASHION_MNIST_MEAN, FASHION_MNIST_STD
+
+    torch.manual_seed(seed)
+    images, labels = real_images(True, steps * batch_size)
+    network = build_network()
+    optimizer = torch.optim.Adam(network.parameters(), lr=2e-3)
+    network.train()
+    for start in range(0, steps * batch_size, batch_size):
+        x = normalise(images[start:start + batch_size], FASHION_MNIST_MEAN, FASHION_MNIST_STD)
+        loss = torch.nn.functional.cross_entropy(network(x), labels[start:start + batch_size])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return network.eval()
+
+
+def dataset_identity():
+    from tasks.domain.model_package import DatasetIdentity
+
+    return DatasetIdentity("fashion-mnist", dict(FASHION_MNIST_MD5S), FASHION_MNIST_MIRROR)
