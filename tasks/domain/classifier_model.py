@@ -96,8 +96,10 @@ def as_image_batch(data: Any) -> torch.Tensor:
     if array.dtype != np.uint8:
         low, high = float(array.min()), float(array.max())
         if not (np.isfinite(low) and np.isfinite(high)) or low < 0 or high > 255:
-            scaled = " (values look scaled to 0..1: multiply by 255)" if 0 <= low and high <= 1 else ""
-            raise ImageInputError(f"Pixel values span {low:g}..{high:g}; expected values 0..255{scaled}. "
+            raise ImageInputError(f"Pixel values span {low:g}..{high:g}; expected values 0..255. "
+                                  f"Pass {EXPECTED_INPUT}.")
+        if 0 < high <= 1:  # an image already scaled to 0..1 would be read as nearly black: refuse, not guess
+            raise ImageInputError(f"Pixel values span {low:g}..{high:g}: they look scaled to 0..1; multiply by 255. "
                                   f"Pass {EXPECTED_INPUT}.")
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
 
@@ -172,7 +174,8 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
         network.load_state_dict(state)
         self.network = network.eval()
 
-    def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> pd.DataFrame:
+    # No type hints on predict: MLflow would try to derive an input schema from them.
+    def predict(self, context, model_input, params=None):
         if self.network is None:
             raise MlflowException("The model has no network loaded: load it with mlflow.pyfunc.load_model(uri).")
         images = as_image_batch(model_input)

@@ -10,8 +10,10 @@ import torch
 
 from conftest import FASHION_MNIST_MIRROR
 
-needs_data = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_MIRROR),
-                                reason=f"the FashionMNIST mirror {FASHION_MNIST_MIRROR} is missing")
+# The repo's sibling shared/ folder; a git worktree elsewhere names it with TRAINLIB_TEST_FASHION_MNIST.
+FASHION_MNIST_DIR = os.environ.get("TRAINLIB_TEST_FASHION_MNIST") or FASHION_MNIST_MIRROR
+needs_data = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR),
+                                reason=f"the FashionMNIST mirror {FASHION_MNIST_DIR} is missing")
 
 FASHION_MNIST_MD5S = {
     "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
@@ -26,7 +28,7 @@ def real_images(train: bool, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``limit`` real FashionMNIST images (uint8 [N, 28, 28]) and labels of a split."""
     from tasks.datasets import load_fashion_mnist_split
 
-    return load_fashion_mnist_split(FASHION_MNIST_MIRROR, train=train, limit=limit)
+    return load_fashion_mnist_split(FASHION_MNIST_DIR, train=train, limit=limit)
 
 
 def tiny_trained_network(steps: int = 8, batch_size: int = 64, seed: int = 0) -> torch.nn.Module:
@@ -54,4 +56,4 @@ def tiny_trained_network(steps: int = 8, batch_size: int = 64, seed: int = 0) ->
 def dataset_identity():
     from tasks.domain.model_package import DatasetIdentity
 
-    return DatasetIdentity("fashion-mnist", dict(FASHION_MNIST_MD5S), FASHION_MNIST_MIRROR)
+    return DatasetIdentity("fashion-mnist", dict(FASHION_MNIST_MD5S), FASHION_MNIST_DIR)
