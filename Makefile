@@ -17,11 +17,11 @@ $(VENV)/.installed: pyproject.toml
 
 # MIRROR=folder-or-URL reads the data set from a mirror instead of the internet.
 run: venv
-	$(BIN)/python -m flows.main $(if $(MIRROR),--mirror $(MIRROR)) $(ARGS)
+	$(BIN)/python -m flows.main $(if $(MIRROR),--mirrors $(MIRROR)) $(ARGS)
 
 # The tutorial reads FashionMNIST through torchvision from $$TMPDIR/data; with MIRROR the raw files are put there first.
 tutorial: venv
-	$(if $(MIRROR),$(BIN)/python -c "import os, tempfile; from tasks.datasets import torchvision_layout; torchvision_layout('$(MIRROR)', os.path.join(tempfile.gettempdir(), 'data'))")
+	$(if $(MIRROR),$(BIN)/python -c "import os, tempfile; from tasks.domain.torchvision_layout import torchvision_layout; torchvision_layout('$(MIRROR)', os.path.join(tempfile.gettempdir(), 'data'))")
 	$(BIN)/python examples/tutorial.py
 
 test: venv

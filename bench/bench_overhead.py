@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.rebuild:
         return rebuild(args.rebuild, args.results_dir)
-    from tasks.datasets import torchvision_layout
+    from tasks.domain.torchvision_layout import torchvision_layout
 
     load_before = os.getloadavg()
     workdir = tempfile.mkdtemp(prefix="trainlib-bench-")

@@ -32,22 +32,24 @@ def main() -> None:
     args = parser.parse_args()
     epochs_list = args.epochs or [1, 10]
 
-    from flows.main import ensure_prefect
+    from flows.params import PipelineParams
+    from flows.prefect_server import ensure_prefect
+    from tasks.domain.home import HOME_ENV_VAR, PipelineHome
 
-    home = tempfile.mkdtemp(prefix="trainlib_pipeline_bench_")
-    api_url, how = ensure_prefect(home, port=_free_port())
-    os.environ["PREFECT_API_URL"] = api_url
+    os.environ[HOME_ENV_VAR] = tempfile.mkdtemp(prefix="trainlib_pipeline_bench_")
+    home = PipelineHome.resolve()
+    server = ensure_prefect(home, port=_free_port())
+    how = server.how
+    os.environ["PREFECT_API_URL"] = server.api_url
     os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
     from flows.pipeline import training_pipeline
 
     runs = []
     for epochs in epochs_list:
         started = time.perf_counter()
-        summary = training_pipeline(
+        summary = training_pipeline(PipelineParams(
             mirrors=[os.path.abspath(args.mirror)], epochs=epochs, num_workers=args.num_workers,
-            storage_path=os.path.join(home, "runs"), data_cache_dir=os.path.join(home, "datasets"),
-            mlflow_tracking_uri=f"sqlite:///{home}/mlflow.db", experiment_name="bench",
-            model_name=f"bench-{epochs}ep", limit=args.limit, test_limit=args.limit)
+            experiment_name="bench", model_name=f"bench-{epochs}ep", limit=args.limit, test_limit=args.limit))
         wall = time.perf_counter() - started
         stages = summary["stage_seconds"]
         runs.append({

@@ -8,7 +8,9 @@ import socket
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FASHION_MNIST_MIRROR = os.path.abspath(os.path.join(REPO_ROOT, "..", "shared", "datasets", "fashion-mnist"))
+# The official FashionMNIST files beside the checkout; FASHION_MNIST_MIRROR names them elsewhere (git worktrees).
+FASHION_MNIST_MIRROR = os.environ.get("FASHION_MNIST_MIRROR") or os.path.abspath(
+    os.path.join(REPO_ROOT, "..", "shared", "datasets", "fashion-mnist"))
 
 
 def free_port() -> int:

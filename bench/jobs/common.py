@@ -33,7 +33,7 @@ def build_model() -> torch.nn.Module:
 
 
 def build_dataset(data_root: str) -> FashionMNIST:
-    """The training split, from files the parent placed with tasks.datasets.torchvision_layout."""
+    """The training split, from files the parent placed with tasks.domain.torchvision_layout."""
     transform = Compose([ToTensor(), Normalize((0.28604,), (0.32025,))])
     return FashionMNIST(root=data_root, train=True, download=False, transform=transform)
 

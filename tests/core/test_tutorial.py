@@ -9,7 +9,8 @@ import sys
 import pytest
 from conftest import FASHION_MNIST_MIRROR, REPO_ROOT
 
-from tasks.datasets import torchvision_layout, write_idx_dataset
+from tasks.domain.generated_dataset import write_idx_dataset
+from tasks.domain.torchvision_layout import torchvision_layout
 
 SEED = os.path.join(REPO_ROOT, "..", "shared", "seed", "tutorial_ray_train.py")
 EXAMPLE = os.path.join(REPO_ROOT, "examples", "tutorial.py")

@@ -116,10 +116,11 @@ def _prefect_in_process(services):
 
 
 def _run_flow_in_process(services, ray_session, **params):
+    from flows.params import PipelineParams
     from flows.pipeline import training_pipeline
 
     with _prefect_in_process(services):
-        return training_pipeline(**params, return_state=True)
+        return training_pipeline(PipelineParams(**params), return_state=True)
 
 
 @needs_data
@@ -143,8 +144,8 @@ def test_deployment_runs_register_champion_and_challenger(services, tmp_path, ra
     assert schedule["schedule"]["cron"] == "0 3 * * 1" and schedule["schedule"]["timezone"] == "Europe/Berlin"
 
     def run_deployment(**overrides) -> dict:
-        out = _cli(services, "deployment", "run", DEPLOYMENT, "--params", json.dumps({**base, **overrides}),
-                   "-p", "epochs=1")
+        out = _cli(services, "deployment", "run", DEPLOYMENT, "--params",
+                   json.dumps({"params": {**base, "epochs": 1, **overrides}}))
         flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
         started = time.monotonic()
         worker_output = _cli(services, "worker", "start", "--pool", POOL, "--run-once", timeout=300)
@@ -217,7 +218,10 @@ def test_deployment_runs_register_champion_and_challenger(services, tmp_path, ra
     ({"num_workers": 0}, ["num_workers", "greater than or equal to 1"]),
 ])
 def test_invalid_parameters_fail_before_any_task(services, ray_session, tmp_path, params, expected):
-    state = _run_flow_in_process(services, ray_session, storage_path=str(tmp_path), **params)
+    from flows.pipeline import training_pipeline
+
+    with _prefect_in_process(services):  # a plain dict, as a deployment run passes it: Prefect validates it
+        state = training_pipeline(params={"storage_path": str(tmp_path), **params}, return_state=True)
     assert state.is_failed()
     for word in expected:
         assert word in state.message, state.message

@@ -11,11 +11,12 @@ import yaml
 
 from conftest import REPO_ROOT
 from deployments import DEPLOYMENT_NAME, SCHEDULE_CRON, SCHEDULE_TIMEZONE, WORK_POOL
-from tasks.datasets import DatasetDownloadError
-from tasks.download import is_transient_download_failure
-from tasks.evaluation import evaluate_model, plot_confusion_matrix, plot_learning_curve, report_from_confusion
-from tasks.model import build_model, split_train_val
-from tasks.promotion import decide_promotion, parse_accuracy
+from tasks.domain.dataset_fetch import DatasetDownloadError, is_transient_download_failure
+from tasks.domain.evaluation import evaluate_model, report_from_confusion
+from tasks.domain.network import build_model
+from tasks.domain.plots import plot_confusion_matrix, plot_learning_curve
+from tasks.domain.promotion import decide_promotion, parse_accuracy
+from tasks.domain.training_loop import split_train_val
 
 
 def test_no_champion_means_promotion():
@@ -55,7 +56,7 @@ def _flow_parameter_errors(**params):
     from prefect.exceptions import ParameterTypeError
 
     try:
-        training_pipeline.validate_parameters(params)
+        training_pipeline.validate_parameters({"params": params})
     except ParameterTypeError as exc:
         return str(exc)
     return None
@@ -66,6 +67,8 @@ def _flow_parameter_errors(**params):
     ({"epochs": -3}, ["epochs"]),
     ({"num_workers": 0}, ["num_workers", "greater than or equal to 1"]),
     ({"dataset": "cifar10"}, ["dataset", "'fashion-mnist' or 'mnist'"]),
+    ({"epoch": 2}, ["unknown parameter 'epoch'", "did you mean 'epochs'"]),
+    ({"epochs": "many"}, ["epochs", "valid integer"]),
     ({"lr": -1.0}, ["lr"]),
     ({"batch_size": 0}, ["batch_size"]),
     ({"limit": 0}, ["limit"]),
@@ -87,7 +90,10 @@ def test_deployment_parameter_schema_is_enforced_by_types():
     from prefect.utilities.callables import parameter_schema
 
     schema = parameter_schema(training_pipeline.fn).model_dump()
-    props = schema["properties"]
+    assert list(schema["properties"]) == ["params"]
+    model = schema["definitions"]["PipelineParams"]
+    assert model["additionalProperties"] is False
+    props = model["properties"]
     assert props["epochs"]["exclusiveMinimum"] == 0
     assert props["num_workers"]["minimum"] == 1
     assert props["dataset"]["enum"] == ["fashion-mnist", "mnist"]
@@ -150,10 +156,11 @@ def test_split_is_deterministic_and_disjoint():
 
 
 def test_ray_workers_get_the_api_url_and_no_ephemeral_server_and_no_secret():
-    from flows.pipeline import make_task_runner, ray_worker_env
+    from flows.task_runner import make_task_runner, ray_worker_env
 
     env = ray_worker_env("http://127.0.0.1:4200/api")
-    assert env == {"PREFECT_API_URL": "http://127.0.0.1:4200/api", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "false"}
+    assert env == {"PREFECT_API_URL": "http://127.0.0.1:4200/api", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "false",
+                   "PREFECT_LOGGING_EXTRA_LOGGERS": "trainlib"}
     runner = make_task_runner(None, "http://127.0.0.1:4200/api")
     assert runner.address == "local" and runner.init_kwargs["runtime_env"]["env_vars"] == env
     assert make_task_runner("ray://head:10001", "http://x/api").address == "ray://head:10001"
@@ -172,8 +179,9 @@ def test_prefect_yaml_deployment_spec():
     assert deployment["name"] == DEPLOYMENT_NAME
 
 
-def test_trainlib_never_imports_prefect():
-    for folder, _, files in os.walk(os.path.join(REPO_ROOT, "trainlib")):
+@pytest.mark.parametrize("package", ["trainlib", os.path.join("tasks", "domain")])
+def test_trainlib_and_the_domain_code_never_import_prefect(package):
+    for folder, _, files in os.walk(os.path.join(REPO_ROOT, package)):
         for name in files:
             if name.endswith(".py"):
                 with open(os.path.join(folder, name)) as f:

@@ -1,4 +1,4 @@
-"""Tests of tasks/datasets.py: mirrors over real local HTTP, local folders, moto S3; no internet."""
+"""Tests of the data-set domain code (registry, fetch, idx files, staging, torchvision layout): mirrors over real local HTTP, local folders, moto S3; no internet."""
 
 from __future__ import annotations
 
@@ -15,17 +15,12 @@ import threading
 import pytest
 import torch
 
-from tasks.datasets import (
-    DATASETS,
-    MIRRORS_ENV_VAR,
-    DatasetDownloadError,
-    fetch_dataset,
-    get_dataset_spec,
-    load_fashion_mnist_split,
-    stage_dataset,
-    torchvision_layout,
-    write_idx_dataset,
-)
+from tasks.domain.dataset_fetch import MIRRORS_ENV_VAR, DatasetDownloadError, fetch_dataset
+from tasks.domain.dataset_registry import DATASETS, get_dataset_spec
+from tasks.domain.generated_dataset import write_idx_dataset
+from tasks.domain.idx_files import load_fashion_mnist_split
+from tasks.domain.staging import stage_dataset
+from tasks.domain.torchvision_layout import torchvision_layout
 
 FILES = [f for f, _ in DATASETS["fashion-mnist"].files]
 OFFICIAL = "/work/shared/datasets/fashion-mnist"

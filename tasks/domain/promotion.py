@@ -1,4 +1,4 @@
-"""Champion/challenger rule for registered models: plain functions, used by the register task.
+"""The champion/challenger promotion rule for registered models. Runs wherever the register task runs.
 
 A new version always becomes the ``challenger``; it takes ``champion`` only when
 its test accuracy is strictly higher than the current champion's (ties keep the

@@ -1,22 +1,25 @@
-"""Test-set evaluation and its pictures: plain functions, run by the pipeline's evaluate task.
+"""Scoring a model on the test split: the evaluation report. Runs wherever the evaluate task runs (driver side).
 
-Runs wherever the evaluate task runs (a Ray worker in the pipeline); no Prefect,
-no MLflow here. Plots use matplotlib's Agg backend (no display needed).
+No Prefect, no MLflow here.
 
 Example::
 
-    report = evaluate_model(load_model(folder), images, labels, class_names)
-    plot_confusion_matrix(report, "confusion_matrix.png")
+    report = evaluate_checkpoint(training.checkpoint_uri, staged, cache_dir, test_limit=1000)
+    report.accuracy, report.markdown()
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
-from tasks.model import to_inputs
+import trainlib
+from tasks.domain.dataset_registry import get_dataset_spec
+from tasks.domain.idx_files import load_fashion_mnist_split
+from tasks.domain.network import load_model, to_inputs
+from tasks.domain.staging import StagedDataset, fetch_staged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,63 +96,11 @@ def report_from_confusion(matrix: list[list[int]], loss: float, class_names: Seq
                             class_names=tuple(class_names), num_images=total)
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_confusion_matrix(report: EvaluationReport, path: str) -> str:
-    """Write the confusion matrix as a PNG picture to ``path``; return ``path``."""
-    plt = _pyplot()
-    n = len(report.class_names)
-    fig, ax = plt.subplots(figsize=(7.5, 6.5))
-    try:
-        image = ax.imshow(report.confusion_matrix, cmap="Blues")
-        fig.colorbar(image, ax=ax)
-        ax.set_xticks(range(n), report.class_names, rotation=45, ha="right")
-        ax.set_yticks(range(n), report.class_names)
-        ax.set_xlabel("predicted")
-        ax.set_ylabel("true")
-        ax.set_title(f"Confusion matrix (test accuracy {report.accuracy:.2%})")
-        peak = max(max(row) for row in report.confusion_matrix) or 1
-        for i in range(n):
-            for j in range(n):
-                count = report.confusion_matrix[i][j]
-                ax.text(j, i, str(count), ha="center", va="center", fontsize=7,
-                        color="white" if count > peak / 2 else "black")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
-    return path
-
-
-def plot_learning_curve(history: Sequence[dict[str, Any]], path: str) -> str:
-    """Write training loss and validation accuracy per epoch (rows of reported metrics) as a PNG."""
-    plt = _pyplot()
-    epochs = [row.get("epoch", i) + 1 for i, row in enumerate(history)]
-    fig, loss_ax = plt.subplots(figsize=(7, 4.5))
-    try:
-        loss_ax.plot(epochs, [row.get("loss") for row in history], "o-", color="tab:red", label="train loss")
-        if any("val_loss" in row for row in history):
-            loss_ax.plot(epochs, [row.get("val_loss") for row in history], "s--", color="tab:orange",
-                         label="validation loss")
-        loss_ax.set_xlabel("epoch")
-        loss_ax.set_ylabel("loss")
-        acc_ax = loss_ax.twinx()
-        acc_ax.plot(epochs, [row.get("val_accuracy") for row in history], "^-", color="tab:blue",
-                    label="validation accuracy")
-        acc_ax.set_ylabel("accuracy")
-        acc_ax.set_ylim(0, 1)
-        lines = loss_ax.get_lines() + acc_ax.get_lines()
-        loss_ax.legend(lines, [line.get_label() for line in lines], loc="center right")
-        loss_ax.set_title("Learning curve")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
-    return path
+def evaluate_checkpoint(checkpoint_uri: str, dataset: StagedDataset, cache_dir: str,
+                        test_limit: int | None) -> EvaluationReport:
+    """Load the model from ``checkpoint_uri`` and score it on the staged test split."""
+    files = fetch_staged(dataset, cache_dir)
+    images, labels = load_fashion_mnist_split(files.folder, train=False, limit=test_limit)
+    with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
+        model = load_model(folder)
+    return evaluate_model(model, images, labels, get_dataset_spec(dataset.name).class_names)

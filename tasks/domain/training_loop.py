@@ -1,16 +1,14 @@
-"""The tutorial's model and training function. ``train_func`` runs in trainlib's worker actors.
+"""The training loop every trainlib worker runs: ``train_func``. Runs in trainlib's worker actors.
 
-This module imports no Prefect, so workers stay light: it is plain PyTorch plus
-``trainlib``. ``train_func`` is the Ray Train tutorial's training loop (ResNet18
-with a 1-channel ``conv1``, Adam, cross-entropy, a per-worker batch size) with
-three changes: it reads the data set that the pipeline staged to run storage
-instead of downloading it from the internet, it holds out a validation slice to
-report ``val_accuracy`` each epoch, and it resumes from ``get_checkpoint()``
-after a restart.
+The Ray Train tutorial's loop (ResNet18 with a 1-channel ``conv1``, Adam, cross-entropy, a
+per-worker batch size) with three changes: it reads the data set the pipeline staged to run
+storage instead of downloading it, it holds out a validation slice to report
+``val_accuracy`` each epoch, and it resumes from ``get_checkpoint()`` after a restart or when
+the run is continued. Imports no Prefect, so workers stay light.
 
 Example::
 
-    trainer = TorchTrainer(train_func, train_loop_config=training_config(...),
+    trainer = TorchTrainer(train_func, train_loop_config=training_config(settings, staged),
                            scaling_config=trainlib.ScalingConfig(num_workers=2))
 """
 
@@ -26,40 +24,12 @@ from torch.optim import Adam
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainlib
+from tasks.domain.idx_files import load_fashion_mnist_split
+from tasks.domain.network import MODEL_FILE, build_model, to_inputs, unwrap
+from tasks.domain.staging import StagedDataset, fetch_staged
 from trainlib.torch import get_device, prepare_data_loader, prepare_model
 
-# FashionMNIST's pixel mean and standard deviation, as in the tutorial's Normalize.
-MEAN, STD = 0.28604, 0.32025
-MODEL_FILE = "model.pt"
-STATE_FILE = "train_state.pt"
-
-CLASS_NAMES = {
-    "fashion-mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
-                      "Bag", "Ankle boot"),
-    "mnist": tuple(str(d) for d in range(10)),
-}
-
-
-def build_model() -> torch.nn.Module:
-    """ResNet18 for 10 classes with ``conv1`` taking one (grayscale) channel, as in the tutorial."""
-    from torchvision.models import resnet18
-
-    model = resnet18(num_classes=10)
-    model.conv1 = torch.nn.Conv2d(1, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
-    return model
-
-
-def to_inputs(images: torch.Tensor) -> torch.Tensor:
-    """uint8 ``[N, 28, 28]`` images -> normalised float ``[N, 1, 28, 28]`` (ToTensor + Normalize)."""
-    return ((images.to(torch.float32) / 255.0 - MEAN) / STD).unsqueeze(1)
-
-
-def load_model(checkpoint_dir: str) -> torch.nn.Module:
-    """The model saved in a checkpoint folder by :func:`train_func`, in eval mode (tutorial step [6])."""
-    model = build_model()
-    state = torch.load(os.path.join(checkpoint_dir, MODEL_FILE), map_location="cpu", weights_only=True)
-    model.load_state_dict(state)
-    return model.eval()
+STATE_FILE = "train_state.pt"  # optimizer state and the epoch, beside the model in each checkpoint
 
 
 def split_train_val(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,15 +44,6 @@ def split_train_val(n: int, val_fraction: float, seed: int) -> tuple[torch.Tenso
     return order[n_val:], order[:n_val]
 
 
-def _load_staged(config: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    # Imported here: tasks/datasets.py is plain code but only the workers need it at this point.
-    from tasks.datasets import fetch_dataset, load_fashion_mnist_split
-
-    files = fetch_dataset(config["dataset"], config["node_cache_dir"], mirrors=[config["staged_url"]],
-                          md5s=config["md5s"])
-    return load_fashion_mnist_split(files.folder, train=True, limit=config.get("limit"))
-
-
 def _all_reduce_sum(values: list[float]) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -95,9 +56,10 @@ def _all_reduce_sum(values: list[float]) -> list[float]:
 def train_func(config: dict[str, Any]) -> None:
     """The training loop every worker runs. Reports loss and validation accuracy once per epoch.
 
-    Config keys: ``dataset``, ``staged_url``, ``md5s``, ``node_cache_dir`` (where this node
-    keeps its verified copy), ``limit`` (training images to use, None for all), ``val_fraction``,
-    ``lr``, ``batch_size`` (per worker), ``epochs``, ``seed``.
+    Config keys (built by ``tasks.domain.training_run.training_config``): ``staged`` (the
+    :class:`StagedDataset`), ``node_cache_dir`` (where this node keeps its verified copy),
+    ``limit`` (training images to use, None for all), ``val_fraction``, ``lr``, ``batch_size``
+    (per worker), ``epochs``, ``seed``.
     """
     context = trainlib.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -109,7 +71,9 @@ def train_func(config: dict[str, Any]) -> None:
     optimizer = Adam(model.parameters(), lr=config["lr"])
 
     # Data: the staged copy of the data set, a validation slice held out of the training split.
-    images, labels = _load_staged(config)
+    staged: StagedDataset = config["staged"]
+    files = fetch_staged(staged, config["node_cache_dir"])
+    images, labels = load_fashion_mnist_split(files.folder, train=True, limit=config.get("limit"))
     train_idx, val_idx = split_train_val(len(labels), config["val_fraction"], config["seed"])
     inputs = to_inputs(images)
     train_loader = prepare_data_loader(DataLoader(
@@ -122,7 +86,7 @@ def train_func(config: dict[str, Any]) -> None:
     checkpoint = trainlib.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as folder:
-            _unwrap(model).load_state_dict(torch.load(os.path.join(folder, MODEL_FILE), weights_only=True))
+            unwrap(model).load_state_dict(torch.load(os.path.join(folder, MODEL_FILE), weights_only=True))
             state = torch.load(os.path.join(folder, STATE_FILE), weights_only=True)
             optimizer.load_state_dict(state["optimizer"])
             start_epoch = state["epoch"] + 1
@@ -147,7 +111,7 @@ def train_func(config: dict[str, Any]) -> None:
         with torch.no_grad():
             for batch_images, batch_labels in val_loader:
                 batch_images, batch_labels = batch_images.to(device), batch_labels.to(device)
-                outputs = _unwrap(model)(batch_images)
+                outputs = unwrap(model)(batch_images)
                 val_loss += criterion(outputs, batch_labels).item() * len(batch_labels)
                 val_correct += (outputs.argmax(1) == batch_labels).sum().item()
         loss_sum, seen, val_loss, val_correct, val_seen = _all_reduce_sum(
@@ -157,12 +121,6 @@ def train_func(config: dict[str, Any]) -> None:
                    "val_accuracy": val_correct / max(val_seen, 1)}
         with tempfile.TemporaryDirectory() as folder:
             if rank == 0:
-                torch.save(_unwrap(model).state_dict(), os.path.join(folder, MODEL_FILE))
+                torch.save(unwrap(model).state_dict(), os.path.join(folder, MODEL_FILE))
                 torch.save({"optimizer": optimizer.state_dict(), "epoch": epoch}, os.path.join(folder, STATE_FILE))
             trainlib.report(metrics, checkpoint=trainlib.Checkpoint.from_directory(folder))
-        if rank == 0:
-            print(metrics, flush=True)
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if hasattr(model, "module") else model

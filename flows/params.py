@@ -1,0 +1,146 @@
+"""The pipeline's parameters: one pydantic model. Runs wherever the flow or the CLI runs.
+
+Everything else is derived from :class:`PipelineParams`: the flow's signature (so the
+deployment's parameter schema, enforced by the Prefect server), the options of
+``python -m flows.main`` with their help and defaults, and the error messages for bad input.
+Locations left unset (``storage_path``, ``data_cache_dir``, ``mlflow_tracking_uri``) are
+resolved in the flow run from the pipeline's home (:mod:`tasks.domain.home`), so the CLI, a
+deployment run and a direct call share one registry.
+
+Example::
+
+    params = PipelineParams(epochs=2, mirrors=["/data/fashion-mnist"])
+    training_pipeline(params)
+    # deployment: prefect deployment run 'training-pipeline/fashion-mnist-retrain' -p 'params={"epochs": 2}'
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tasks.domain.dataset_registry import DATASET_NAMES
+
+DatasetName = Literal[DATASET_NAMES]  # type: ignore[valid-type]  # the registry's names, nowhere else
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class PipelineParamsError(ValueError):
+    """Bad pipeline parameters: the message names each bad parameter, its value and what is allowed."""
+
+
+class PipelineParams(BaseModel):
+    """Every parameter of one pipeline run, validated on construction."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: DatasetName = Field("fashion-mnist", description="The data set to train on.")
+    mirrors: Optional[list[str]] = Field(
+        None, description="Base URLs or folders to fetch the data set from, tried in order (default: "
+                          "$TRAINLIB_DATA_MIRRORS, else the official internet mirrors).")
+    epochs: int = Field(1, gt=0, le=1000, description="Training epochs.")
+    lr: float = Field(1e-3, ge=0, le=10, description="Adam learning rate (0 trains nothing: a baseline).")
+    batch_size: int = Field(128, gt=0, le=65536, description="Batch size per worker.")
+    num_workers: int = Field(2, ge=1, le=4096, description="DDP workers, one process each.")
+    use_gpu: bool = Field(False, description="Train on one GPU per worker.")
+    limit: Optional[int] = Field(None, gt=0, description="Train on the first N training images only.")
+    test_limit: Optional[int] = Field(None, gt=0, description="Evaluate on the first N test images only.")
+    num_to_keep: Optional[int] = Field(2, gt=0, description="Checkpoints kept on disk (the best ones and the "
+                                                            "latest).")
+    checkpoint_score_attribute: Optional[str] = Field(
+        "val_accuracy", description="Metric that ranks checkpoints; the best one is evaluated.")
+    max_failures: int = Field(0, ge=-1, description="Worker-group restarts allowed (-1: unlimited).")
+    seed: int = Field(0, ge=0, description="Seed of the model's initial weights and the data split.")
+    storage_path: Optional[str] = Field(
+        None, description="trainlib run storage, a folder or s3:// URL (default: $TRAINLIB_STORAGE_PATH, "
+                          "else $TRAINLIB_HOME/runs).")
+    data_cache_dir: Optional[str] = Field(
+        None, description="Each node's data cache (default: $TRAINLIB_DATA_CACHE, else $TRAINLIB_HOME/datasets).")
+    mlflow_tracking_uri: Optional[str] = Field(
+        None, description="MLflow tracking server or store (default: $MLFLOW_TRACKING_URI, else "
+                          "sqlite:///$TRAINLIB_HOME/mlflow.db).")
+    experiment_name: str = Field("fashion-mnist", min_length=1, max_length=200,
+                                 description="MLflow experiment.")
+    model_name: str = Field("fashion-mnist-resnet18", pattern=NAME_PATTERN, max_length=200,
+                            description="Registered model name in MLflow.")
+    run_name: Optional[str] = Field(
+        None, pattern=NAME_PATTERN, max_length=200,
+        description="trainlib run name; a run of that name is continued (default: derived from the flow "
+                    "run, so a retry continues its own training).")
+    ray_address: Optional[str] = Field(None, description="A Ray cluster (default: a local Ray for this run).")
+    placement_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for the cluster to grant "
+                                                                "the workers.")
+    train_timeout_s: float = Field(6 * 3600.0, gt=0, description="The train task's timeout in seconds.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_names_only(cls, values: Any) -> Any:
+        # pydantic's "Extra inputs are not permitted" names neither the parameters that exist nor a fix.
+        if isinstance(values, dict):
+            unknown = [k for k in values if k not in cls.model_fields]
+            if unknown:
+                raise ValueError("; ".join(_unknown_message(k) for k in unknown))
+        return values
+
+    @classmethod
+    def parse(cls, values: dict[str, Any], as_options: bool = False) -> "PipelineParams":
+        """Validate ``values``; raise :class:`PipelineParamsError` with one readable line per bad parameter.
+
+        ``as_options`` names them as the command line's options (``--num-workers``).
+        """
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise PipelineParamsError(describe_errors(exc, as_options)) from None
+
+
+def _unknown_message(name: str) -> str:
+    close = difflib.get_close_matches(name, PipelineParams.model_fields, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown parameter {name!r}: {hint}known parameters: {', '.join(PipelineParams.model_fields)}"
+
+
+def allowed_values(name: str) -> str:
+    """What parameter ``name`` accepts, in words (from its type and constraints)."""
+    schema = PipelineParams.model_json_schema()["properties"][name]
+    options = schema.get("anyOf", [schema])
+    words = []
+    for option in options:
+        if "enum" in option:
+            words.append("one of " + ", ".join(repr(v) for v in option["enum"]))
+            continue
+        kind = option.get("type")
+        if kind == "null":
+            words.append("unset (null)")
+            continue
+        bounds = [f"{op} {option[key]}" for key, op in (("exclusiveMinimum", ">"), ("minimum", ">="),
+                                                        ("exclusiveMaximum", "<"), ("maximum", "<="))
+                  if key in option]
+        if "pattern" in option:
+            bounds.append(f"matching {option['pattern']}")
+        kind_words = {"integer": "an integer", "number": "a number", "string": "a string",
+                      "boolean": "true or false", "array": "a list of strings"}.get(kind, str(kind))
+        words.append(" ".join([kind_words, " and ".join(bounds)]).strip())
+    return " or ".join(words)
+
+
+def option_name(name: str) -> str:
+    """The command-line option of parameter ``name``: ``num_workers`` -> ``--num-workers``."""
+    return "--" + name.replace("_", "-")
+
+
+def describe_errors(exc: ValidationError, as_options: bool = False) -> str:
+    """One line per bad parameter: its name (or CLI option), the value given, why, and what is allowed."""
+    lines = []
+    for error in exc.errors():
+        location = [str(part) for part in error["loc"]]
+        name = next((part for part in location if part in PipelineParams.model_fields), None)
+        message = error["msg"].removeprefix("Value error, ")
+        if name is None:
+            lines.append(f"  - {message}")
+            continue
+        shown = f"{option_name(name)} {error.get('input')!r}" if as_options else f"{name}={error.get('input')!r}"
+        lines.append(f"  - {shown}: {message}. Allowed: {allowed_values(name)}.")
+    return f"Invalid pipeline {'options' if as_options else 'parameters'}:\n" + "\n".join(lines)

@@ -1,0 +1,47 @@
+"""The network: the tutorial's ResNet18 with a 1-channel ``conv1``, its input transform and weight loading.
+
+Runs on the workers (training) and the driver (evaluation, registration).
+
+Example::
+
+    model = load_model(checkpoint_folder)
+    logits = model(to_inputs(images_uint8))
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# FashionMNIST's pixel mean and standard deviation, as in the tutorial's Normalize.
+MEAN, STD = 0.28604, 0.32025
+MODEL_FILE = "model.pt"  # the state dict in every checkpoint the training loop writes
+NUM_CLASSES = 10
+
+
+def build_model() -> torch.nn.Module:
+    """ResNet18 for 10 classes with ``conv1`` taking one (grayscale) channel, as in the tutorial."""
+    from torchvision.models import resnet18
+
+    model = resnet18(num_classes=NUM_CLASSES)
+    model.conv1 = torch.nn.Conv2d(1, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
+    return model
+
+
+def to_inputs(images: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[N, 28, 28]`` images -> normalised float ``[N, 1, 28, 28]`` (ToTensor + Normalize)."""
+    return ((images.to(torch.float32) / 255.0 - MEAN) / STD).unsqueeze(1)
+
+
+def load_model(checkpoint_dir: str) -> torch.nn.Module:
+    """The model saved in a checkpoint folder by the training loop, in eval mode (tutorial step [6])."""
+    model = build_model()
+    state = torch.load(os.path.join(checkpoint_dir, MODEL_FILE), map_location="cpu", weights_only=True)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain model inside a DistributedDataParallel wrapper (or ``model`` itself)."""
+    return model.module if hasattr(model, "module") else model

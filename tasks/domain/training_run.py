@@ -1,0 +1,140 @@
+"""One training run of the pipeline: its settings, the trainer that runs it, and what it produced. Runs on the driver.
+
+The driver is the pipeline's train task process; ``TorchTrainer.fit()`` starts the DDP
+workers that run :func:`tasks.domain.training_loop.train_func`. Worker failures are handled
+by trainlib's ``FailureConfig``; a run started again under the same name continues from its
+latest committed checkpoint (``if_exists="resume"``).
+
+Example::
+
+    result, seconds = run_training(settings, staged, callbacks=[])
+    outcome = training_outcome(result, seconds, mlflow_run_id=None)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import trainlib
+from tasks.domain.staging import StagedDataset
+from tasks.domain.training_loop import train_func
+from tasks.domain.urls import expand_path
+from trainlib.torch import TorchTrainer
+
+HISTORY_KEYS = ("epoch", "loss", "val_loss", "val_accuracy")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSettings:
+    """What one training run does; the flow builds it from its validated parameters (their defaults live there).
+
+    Attributes:
+        run_name: the run's folder name under ``storage_path`` (and the MLflow run name).
+        storage_path: where runs live (local folder or fsspec URL).
+        epochs, lr, batch_size: the tutorial's knobs; ``batch_size`` is per worker.
+        num_workers, use_gpu: trainlib's ScalingConfig.
+        num_to_keep, checkpoint_score_attribute, checkpoint_score_order: trainlib's CheckpointConfig.
+        max_failures: trainlib's FailureConfig.
+        limit: train on the first ``limit`` training images only (None: all 60,000).
+        val_fraction: part of those held out for the per-epoch validation accuracy.
+        seed: seeds the model's initial weights and the data split.
+        node_cache_dir: where each node keeps its verified copy of the staged data.
+        placement_timeout_s: how long to wait for the cluster to grant the workers.
+    """
+
+    run_name: str
+    storage_path: str
+    node_cache_dir: str
+    epochs: int
+    lr: float
+    batch_size: int
+    num_workers: int
+    use_gpu: bool
+    num_to_keep: int | None
+    checkpoint_score_attribute: str | None
+    max_failures: int
+    limit: int | None
+    seed: int
+    placement_timeout_s: float
+    val_fraction: float = 0.1
+    checkpoint_score_order: str = "max"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingOutcome:
+    """What training produced, for the evaluate and register steps.
+
+    Attributes:
+        run_path: the trainlib run folder (``Result.from_path`` reads it back).
+        checkpoint_uri: the checkpoint to evaluate: the best by the score attribute, else the latest.
+        metrics: the last report's metrics.
+        history: every report's metrics (:data:`HISTORY_KEYS`), in order.
+        mlflow_run_id: the MLflow run that tracked training.
+        seconds: wall time of ``fit()``.
+    """
+
+    run_path: str
+    checkpoint_uri: str
+    metrics: dict[str, Any]
+    history: list[dict[str, Any]]
+    mlflow_run_id: str | None
+    seconds: float
+
+
+def training_config(settings: TrainingSettings, dataset: StagedDataset) -> dict[str, Any]:
+    """The ``train_loop_config`` of :func:`train_func` (plain values, nothing secret)."""
+    return {
+        "staged": dataset, "node_cache_dir": expand_path(settings.node_cache_dir), "limit": settings.limit,
+        "val_fraction": settings.val_fraction, "lr": settings.lr, "batch_size": settings.batch_size,
+        "epochs": settings.epochs, "seed": settings.seed,
+    }
+
+
+def run_training(settings: TrainingSettings, dataset: StagedDataset, callbacks: list[trainlib.Callback]
+                 ) -> tuple[trainlib.Result, float]:
+    """Run the tutorial's training with trainlib; return the result and the seconds ``fit()`` took.
+
+    A run folder of the same name that exists already is continued from its latest committed
+    checkpoint, so a retried pipeline run does not start training over.
+
+    Raises:
+        trainlib.ResourcesUnavailableError: the cluster cannot hold ``num_workers`` workers.
+        trainlib.TrainingFailedError: a worker failed more often than ``max_failures`` allows.
+    """
+    trainer = TorchTrainer(
+        train_func,
+        train_loop_config=training_config(settings, dataset),
+        scaling_config=trainlib.ScalingConfig(num_workers=settings.num_workers, use_gpu=settings.use_gpu,
+                                              placement_timeout_s=settings.placement_timeout_s),
+        run_config=trainlib.RunConfig(
+            name=settings.run_name, storage_path=settings.storage_path, callbacks=callbacks, if_exists="resume",
+            checkpoint_config=trainlib.CheckpointConfig(
+                num_to_keep=settings.num_to_keep, checkpoint_score_attribute=settings.checkpoint_score_attribute,
+                checkpoint_score_order=settings.checkpoint_score_order),
+            failure_config=trainlib.FailureConfig(max_failures=settings.max_failures),
+        ),
+    )
+    started = time.perf_counter()
+    result = trainer.fit()
+    return result, time.perf_counter() - started
+
+
+def chosen_checkpoint(result: trainlib.Result) -> trainlib.Checkpoint:
+    """The best kept checkpoint (by the score attribute; newest first without one), else the latest."""
+    if result.best_checkpoints:
+        return result.best_checkpoints[0][0]
+    if result.checkpoint is None:
+        raise RuntimeError(f"Training run {result.path} committed no checkpoint: the training function must "
+                           "report one with trainlib.report(metrics, checkpoint=...).")
+    return result.checkpoint
+
+
+def training_outcome(result: trainlib.Result, seconds: float, mlflow_run_id: str | None) -> TrainingOutcome:
+    """The :class:`TrainingOutcome` of a finished ``fit()``: the checkpoint to evaluate and the metrics history."""
+    checkpoint = chosen_checkpoint(result)
+    history = [] if result.metrics_dataframe is None else [
+        {k: v for k, v in row.items() if k in HISTORY_KEYS} for row in result.metrics_dataframe.to_dict("records")]
+    return TrainingOutcome(run_path=result.path, checkpoint_uri=checkpoint.uri, metrics=dict(result.metrics or {}),
+                           history=history, mlflow_run_id=mlflow_run_id, seconds=seconds)
