@@ -21,6 +21,9 @@ from prefect_ray.context import remote_options
 from flows.params import PipelineParams
 from flows.task_runner import current_api_url, make_task_runner
 from tasks.domain.home import PipelineHome
+from tasks.domain.lineage import dataset_identity, source_tags
+from tasks.domain.model_package import ModelCard
+from tasks.domain.recipe import get_recipe
 from tasks.domain.training_run import TrainingSettings
 from tasks.domain.urls import expand_path, join_url, mask_url
 from tasks.download import download_dataset
@@ -56,14 +59,16 @@ def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) ->
     cache = expand_path(params.data_cache_dir or home.data_cache)
     training = TrainingSettings(
         run_name=run_name, storage_path=expand_path(params.storage_path or home.storage_path), node_cache_dir=cache,
-        epochs=params.epochs, lr=params.lr, batch_size=params.batch_size, num_workers=params.num_workers,
+        epochs=params.epochs, recipe=get_recipe(params.recipe, params.lr), batch_size=params.batch_size,
+        num_workers=params.num_workers,
         use_gpu=params.use_gpu, num_to_keep=params.num_to_keep,
         checkpoint_score_attribute=params.checkpoint_score_attribute or None, max_failures=params.max_failures,
         limit=params.limit, seed=params.seed, placement_timeout_s=params.placement_timeout_s)
     return PipelineRun(
         params=params, training=training, data_cache_dir=cache,
         mlflow_tracking_uri=params.mlflow_tracking_uri or home.mlflow_tracking_uri,
-        tags={"prefect.flow_run_id": flow_run_id, "dataset": params.dataset, "trainlib.run_name": run_name})
+        tags={"prefect.flow_run_id": flow_run_id, "dataset": params.dataset, "trainlib.run_name": run_name,
+              "recipe": params.recipe, **source_tags(f"flows.pipeline:{FLOW_NAME}")})
 
 
 @flow(name="pipeline-steps")
@@ -83,13 +88,15 @@ def pipeline_steps(run: PipelineRun) -> dict[str, Any]:
     seconds["train"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    report = evaluate.submit(training, staged, run.data_cache_dir, params.test_limit, run.mlflow_tracking_uri,
-                             params.model_name).result()
+    comparison = evaluate.submit(training, staged, run.data_cache_dir, params.test_limit, run.mlflow_tracking_uri,
+                                 params.model_name).result()
+    report = comparison.report
     seconds["evaluate"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    registration = register.submit(training, report, params.model_name, run.mlflow_tracking_uri,
-                                   run.tags).result()
+    card = ModelCard(dataset=dataset_identity(staged), recipe=run.training.recipe.record())
+    registration = register.submit(training, comparison, card, params.model_name, run.mlflow_tracking_uri,
+                                   params.min_margin, run.tags).result()
     seconds["register"] = time.perf_counter() - started
 
     return {
@@ -97,6 +104,7 @@ def pipeline_steps(run: PipelineRun) -> dict[str, Any]:
         "model_name": registration.model_name, "model_version": registration.version,
         "champion_version": registration.champion_version, "promoted": registration.decision.promote,
         "decision": registration.decision.reason, "test_accuracy": report.accuracy, "test_loss": report.loss,
+        "champion_test_accuracy": comparison.champion.accuracy, "recipe": params.recipe,
         "downloaded_files": list(staged.downloaded), "training_metrics": training.metrics,
         "fit_seconds": training.seconds, "stage_seconds": seconds,
     }

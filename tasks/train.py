@@ -3,7 +3,8 @@
 Runs on a Ray worker in the pipeline, started with ``num_cpus=0`` so the DDP workers get
 every CPU; this process is trainlib's driver. The work is
 :func:`tasks.domain.training_run.run_training`; this wrapper adds MLflow tracking
-(``trainlib.mlflow.MLflowLogger``) and the Prefect log. Worker failures are handled by
+(``trainlib.mlflow.MLflowLogger``, which copies only the best checkpoint to MLflow, once, at
+the end), the data set as the MLflow run's input, and the Prefect log. Worker failures are handled by
 trainlib's ``FailureConfig``, never by Prefect retries.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.domain.lineage import dataset_identity, log_dataset_input
 from tasks.domain.staging import StagedDataset
 from tasks.domain.training_run import TrainingOutcome, TrainingSettings, run_training, training_outcome
 from tasks.prefect_callback import PrefectLogCallback
@@ -25,9 +27,11 @@ def train_model(dataset: StagedDataset, settings: TrainingSettings, tracking_uri
 
     logger = get_run_logger()
     mlflow_logger = MLflowLogger(tracking_uri=tracking_uri, experiment_name=experiment_name,
-                                 run_name=settings.run_name, tags=dict(tags or {}))
+                                 run_name=settings.run_name, tags=dict(tags or {}), log_checkpoints="best")
     result, seconds = run_training(settings, dataset, [mlflow_logger, PrefectLogCallback(logger)])
     outcome = training_outcome(result, seconds, mlflow_logger.run_id)
+    if outcome.mlflow_run_id and tracking_uri:
+        log_dataset_input(outcome.mlflow_run_id, dataset_identity(dataset), tracking_uri)
     logger.info("fit() took %.1f s; evaluating checkpoint %s (MLflow run %s)", seconds, outcome.checkpoint_uri,
                 outcome.mlflow_run_id)
     return outcome

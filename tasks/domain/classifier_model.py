@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import mlflow
@@ -145,6 +146,9 @@ def predictions_frame(probabilities: torch.Tensor, class_names: Sequence[str]) -
         "probability": best.double().numpy(),
         "probabilities": list(probs),
     }, columns=list(OUTPUT_COLUMNS))
+
+
+warnings.filterwarnings("ignore", message="Add type hints to the `predict` method", category=UserWarning)
 
 
 class ImageClassifier(mlflow.pyfunc.PythonModel):

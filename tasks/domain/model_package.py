@@ -34,18 +34,12 @@ import torch
 
 from tasks.domain import classifier_model
 from tasks.domain.classifier_model import ARCHITECTURE, EXPECTED_INPUT
+from tasks.domain.dataset_registry import get_dataset_spec
+from tasks.domain.network import MEAN, STD
 
 CODE_PATH = os.path.abspath(classifier_model.__file__)
 MODEL_ARTIFACT_NAME = "model"
 PICKLE_MODULE = "pickle"
-
-# FashionMNIST's pixel mean and standard deviation on the 0..1 scale (the tutorial's Normalize).
-FASHION_MNIST_MEAN, FASHION_MNIST_STD = 0.28604, 0.32025
-CLASS_NAMES: Mapping[str, tuple[str, ...]] = {
-    "fashion-mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
-                      "Bag", "Ankle boot"),
-    "mnist": tuple(str(d) for d in range(10)),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,18 +82,13 @@ class ModelCard:
     dataset: DatasetIdentity
     recipe: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     class_names: tuple[str, ...] | None = None
-    mean: float = FASHION_MNIST_MEAN
-    std: float = FASHION_MNIST_STD
+    mean: float = MEAN
+    std: float = STD
     test_accuracy: float | None = None
 
     def names(self) -> tuple[str, ...]:
-        if self.class_names:
-            return tuple(self.class_names)
-        try:
-            return CLASS_NAMES[self.dataset.name]
-        except KeyError:
-            raise ValueError(f"No class names are known for data set {self.dataset.name!r}: pass "
-                             "ModelCard(class_names=...).") from None
+        """The class names, in label order: the card's, else the data set registry's."""
+        return tuple(self.class_names) if self.class_names else get_dataset_spec(self.dataset.name).class_names
 
     def model_config(self) -> dict[str, Any]:
         """What ``classifier_model.ImageClassifier.load_context`` reads."""

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import trainlib
+from tasks.domain.recipe import Recipe
 from tasks.domain.staging import StagedDataset
 from tasks.domain.training_loop import train_func
 from tasks.domain.urls import expand_path
@@ -33,7 +34,8 @@ class TrainingSettings:
     Attributes:
         run_name: the run's folder name under ``storage_path`` (and the MLflow run name).
         storage_path: where runs live (local folder or fsspec URL).
-        epochs, lr, batch_size: the tutorial's knobs; ``batch_size`` is per worker.
+        epochs, batch_size: the tutorial's knobs; ``batch_size`` is per worker.
+        recipe: optimizer, learning rate and schedule, regularisation, augmentation.
         num_workers, use_gpu: trainlib's ScalingConfig.
         num_to_keep, checkpoint_score_attribute, checkpoint_score_order: trainlib's CheckpointConfig.
         max_failures: trainlib's FailureConfig.
@@ -48,7 +50,7 @@ class TrainingSettings:
     storage_path: str
     node_cache_dir: str
     epochs: int
-    lr: float
+    recipe: Recipe
     batch_size: int
     num_workers: int
     use_gpu: bool
@@ -87,7 +89,7 @@ def training_config(settings: TrainingSettings, dataset: StagedDataset) -> dict[
     """The ``train_loop_config`` of :func:`train_func` (plain values, nothing secret)."""
     return {
         "staged": dataset, "node_cache_dir": expand_path(settings.node_cache_dir), "limit": settings.limit,
-        "val_fraction": settings.val_fraction, "lr": settings.lr, "batch_size": settings.batch_size,
+        "val_fraction": settings.val_fraction, "recipe": settings.recipe, "batch_size": settings.batch_size,
         "epochs": settings.epochs, "seed": settings.seed,
     }
 

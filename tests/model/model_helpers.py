@@ -15,18 +15,12 @@ FASHION_MNIST_DIR = os.environ.get("TRAINLIB_TEST_FASHION_MNIST") or FASHION_MNI
 needs_data = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR),
                                 reason=f"the FashionMNIST mirror {FASHION_MNIST_DIR} is missing")
 
-FASHION_MNIST_MD5S = {
-    "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
-    "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
-    "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
-    "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
-}
 
 
 @functools.lru_cache(maxsize=2)
 def real_images(train: bool, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``limit`` real FashionMNIST images (uint8 [N, 28, 28]) and labels of a split."""
-    from tasks.datasets import load_fashion_mnist_split
+    from tasks.domain.idx_files import load_fashion_mnist_split
 
     return load_fashion_mnist_split(FASHION_MNIST_DIR, train=train, limit=limit)
 
@@ -37,7 +31,7 @@ def tiny_trained_network(steps: int = 8, batch_size: int = 64, seed: int = 0) ->
     Trained just enough that its labels differ between images, so label comparisons mean something.
     """
     from tasks.domain.classifier_model import build_network, normalise
-    from tasks.domain.model_package import FASHION_MNIST_MEAN, FASHION_MNIST_STD
+    from tasks.domain.network import MEAN, STD
 
     torch.manual_seed(seed)
     images, labels = real_images(True, steps * batch_size)
@@ -45,7 +39,7 @@ def tiny_trained_network(steps: int = 8, batch_size: int = 64, seed: int = 0) ->
     optimizer = torch.optim.Adam(network.parameters(), lr=2e-3)
     network.train()
     for start in range(0, steps * batch_size, batch_size):
-        x = normalise(images[start:start + batch_size], FASHION_MNIST_MEAN, FASHION_MNIST_STD)
+        x = normalise(images[start:start + batch_size], MEAN, STD)
         loss = torch.nn.functional.cross_entropy(network(x), labels[start:start + batch_size])
         optimizer.zero_grad()
         loss.backward()
@@ -54,6 +48,7 @@ def tiny_trained_network(steps: int = 8, batch_size: int = 64, seed: int = 0) ->
 
 
 def dataset_identity():
+    from tasks.domain.dataset_registry import get_dataset_spec
     from tasks.domain.model_package import DatasetIdentity
 
-    return DatasetIdentity("fashion-mnist", dict(FASHION_MNIST_MD5S), FASHION_MNIST_DIR)
+    return DatasetIdentity("fashion-mnist", get_dataset_spec("fashion-mnist").md5s, FASHION_MNIST_DIR)

@@ -65,7 +65,7 @@ def champion(registry):
 
 def training_code_labels(network: torch.nn.Module, images: torch.Tensor) -> list[int]:
     """Labels as the training code's own evaluation computes them (its input transform, argmax of logits)."""
-    from tasks.model import to_inputs
+    from tasks.domain.network import to_inputs
 
     with torch.no_grad():
         return network(to_inputs(images)).argmax(1).tolist()
@@ -85,17 +85,17 @@ def test_pyfunc_takes_raw_uint8_images_of_any_batch_size(champion):
 
 
 def test_pyfunc_labels_match_the_training_code_evaluation(registry, champion):
-    from tasks.evaluation import evaluate_model
-    from tasks.model import CLASS_NAMES
+    from tasks.domain.dataset_registry import get_dataset_spec
+    from tasks.domain.evaluation import evaluate_model
 
     images, labels = real_images(False, 500)
     out = champion.predict(images.numpy())
     expected = training_code_labels(registry["network"], images)
     assert out["label"].tolist() == expected
     assert len(set(expected)) >= 3, "the tiny network should tell several classes apart"
-    assert out["class"].tolist() == [CLASS_NAMES["fashion-mnist"][i] for i in expected]
+    assert out["class"].tolist() == [get_dataset_spec("fashion-mnist").class_names[i] for i in expected]
     # The evaluate step's confusion matrix counts the same predictions.
-    report = evaluate_model(registry["network"], images, labels, CLASS_NAMES["fashion-mnist"])
+    report = evaluate_model(registry["network"], images, labels, get_dataset_spec("fashion-mnist").class_names)
     matrix = np.zeros((10, 10), dtype=int)
     np.add.at(matrix, (labels.numpy(), out["label"].to_numpy()), 1)
     assert matrix.tolist() == report.confusion_matrix

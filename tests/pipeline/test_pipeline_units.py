@@ -28,16 +28,17 @@ def test_no_champion_means_promotion():
 def test_better_accuracy_takes_champion_and_ties_do_not():
     assert decide_promotion(0.91, 0.90, "3").promote
     tie = decide_promotion(0.90, 0.90, "3")
-    assert not tie.promote and "does not beat champion version 3" in tie.reason
+    assert not tie.promote and "champion version 3" in tie.reason and "champion kept" in tie.reason
     worse = decide_promotion(0.10, 0.47, "1")
     assert not worse.promote
     assert worse.tags() == {"promotion_decision": "kept_champion", "promotion_reason": worse.reason,
-                            "previous_champion_version": "1", "previous_champion_test_accuracy": "0.470000"}
+                            "previous_champion_version": "1", "previous_champion_test_accuracy": "0.470000",
+                            "promotion_margin": "-0.370000", "promotion_min_margin": "0.000000"}
 
 
 def test_champion_without_recorded_accuracy_is_replaced():
     decision = decide_promotion(0.2, None, "7")
-    assert decision.promote and "version 7 has no recorded test accuracy" in decision.reason
+    assert decision.promote and "version 7 has no test accuracy" in decision.reason
 
 
 @pytest.mark.parametrize("bad", [1.5, -0.1, float("nan"), "0.9", True])
