@@ -148,7 +148,7 @@ def predictions_frame(probabilities: torch.Tensor, class_names: Sequence[str]) -
     }, columns=list(OUTPUT_COLUMNS))
 
 
-warnings.filterwarnings("ignore", message="Add type hints to the `predict` method", category=UserWarning)
+warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method", category=UserWarning)
 
 
 class ImageClassifier(mlflow.pyfunc.PythonModel):

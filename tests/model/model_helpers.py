@@ -52,3 +52,22 @@ def dataset_identity():
     from tasks.domain.model_package import DatasetIdentity
 
     return DatasetIdentity("fashion-mnist", get_dataset_spec("fashion-mnist").md5s, FASHION_MNIST_DIR)
+
+
+def register_network(network: torch.nn.Module, tracking_uri: str, model_name: str, recipe: str = "tiny-test",
+                     champion: bool = True, test_accuracy: float | None = None):
+    """Register ``network`` from a fresh MLflow run as a new version of ``model_name`` (maybe as champion)."""
+    from mlflow import MlflowClient
+
+    from tasks.domain.model_package import ModelCard, log_and_register
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name("model-tests")
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment("model-tests")
+    run = client.create_run(experiment_id, run_name=recipe)
+    card = ModelCard(dataset=dataset_identity(), recipe={"name": recipe}, test_accuracy=test_accuracy)
+    version = log_and_register(network, card, model_name, run.info.run_id, tracking_uri)
+    client.set_terminated(run.info.run_id)
+    if champion:
+        client.set_registered_model_alias(model_name, "champion", version.version)
+    return version, card

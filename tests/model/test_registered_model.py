@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from conftest import free_port
-from model_helpers import dataset_identity, needs_data, real_images, tiny_trained_network
+from model_helpers import needs_data, real_images, register_network, tiny_trained_network
 from tracking.mlflow_helpers import MlflowServer
 
 pytestmark = [pytest.mark.integration, needs_data]
@@ -35,20 +35,11 @@ BATCHES = (1, 7, 500)
 def registry(tmp_path_factory):
     """An `mlflow server`, and a version of MODEL_NAME registered from a run, aliased `champion`."""
     import mlflow
-    from mlflow import MlflowClient
-
-    from tasks.domain.model_package import ModelCard, log_and_register
 
     server = MlflowServer(str(tmp_path_factory.mktemp("mlflow"))).start()
     try:
         network = tiny_trained_network()
-        client = MlflowClient(tracking_uri=server.uri)
-        experiment = client.create_experiment("model-tests")
-        run = client.create_run(experiment, run_name="tiny")
-        card = ModelCard(dataset=dataset_identity(), recipe={"name": "tiny-test", "steps": 8}, test_accuracy=0.5)
-        version = log_and_register(network, card, MODEL_NAME, run.info.run_id, server.uri)
-        client.set_terminated(run.info.run_id)
-        client.set_registered_model_alias(MODEL_NAME, "champion", version.version)
+        version, card = register_network(network, server.uri, MODEL_NAME, recipe="tiny-test", test_accuracy=0.5)
         mlflow.set_tracking_uri(server.uri)
         yield {"server": server, "network": network, "version": version, "card": card}
     finally:

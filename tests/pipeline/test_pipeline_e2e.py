@@ -135,7 +135,7 @@ def test_deployment_runs_register_champion_and_challenger(services, tmp_path, ra
     _cli(services, "work-pool", "create", POOL, "--type", "process")
     out = _cli(services, "--no-prompt", "deploy", "--all")
     assert "fashion-mnist-retrain" in out
-    [deployment] = _api(services, "/deployments/filter", {})
+    [deployment] = [d for d in _api(services, "/deployments/filter", {}) if d["name"] == DEPLOYMENT.split("/")[1]]
     assert deployment["enforce_parameter_schema"] is True
     limit = deployment.get("concurrency_limit") or (deployment.get("global_concurrency_limit") or {}).get("limit")
     assert limit == 1, {k: v for k, v in deployment.items() if "concurrency" in k}

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from conftest import REPO_ROOT
-from deployments import DEPLOYMENT_NAME, SCHEDULE_CRON, SCHEDULE_TIMEZONE, WORK_POOL
+from deployments import DEPLOYMENT_NAME, SCHEDULE_CRON, SCHEDULE_TIMEZONE, SCORE_DEPLOYMENT_NAME, WORK_POOL
 from tasks.domain.dataset_fetch import DatasetDownloadError, is_transient_download_failure
 from tasks.domain.evaluation import evaluate_model, report_from_confusion
 from tasks.domain.network import build_model
@@ -170,7 +170,8 @@ def test_ray_workers_get_the_api_url_and_no_ephemeral_server_and_no_secret():
 def test_prefect_yaml_deployment_spec():
     with open(os.path.join(REPO_ROOT, "prefect.yaml")) as f:
         spec = yaml.safe_load(f)
-    [deployment] = spec["deployments"]
+    deployments = {d["name"]: d for d in spec["deployments"]}
+    deployment = deployments[DEPLOYMENT_NAME]
     assert deployment["entrypoint"] == "flows.pipeline:training_pipeline"
     assert deployment["enforce_parameter_schema"] is True
     assert deployment["concurrency_limit"]["limit"] == 1
@@ -178,6 +179,9 @@ def test_prefect_yaml_deployment_spec():
     assert (schedule["cron"], schedule["timezone"]) == (SCHEDULE_CRON, SCHEDULE_TIMEZONE)
     assert deployment["work_pool"]["name"] == WORK_POOL
     assert deployment["name"] == DEPLOYMENT_NAME
+    scoring = deployments[SCORE_DEPLOYMENT_NAME]
+    assert scoring["entrypoint"] == "flows.score:score_images" and "schedules" not in scoring
+    assert scoring["work_pool"]["name"] == WORK_POOL and scoring["enforce_parameter_schema"] is True
 
 
 @pytest.mark.parametrize("package", ["trainlib", os.path.join("tasks", "domain")])
