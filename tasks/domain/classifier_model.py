@@ -24,7 +24,6 @@ Example::
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Sequence
 
 import mlflow
@@ -148,9 +147,8 @@ def predictions_frame(probabilities: torch.Tensor, class_names: Sequence[str]) -
     }, columns=list(OUTPUT_COLUMNS))
 
 
-warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method", category=UserWarning)
-
-
+# No type hints on predict (MLflow warns about that once at import): hints would make MLflow derive an input
+# schema, which this model must not have (it accepts several shapes and dtypes and checks them itself).
 class ImageClassifier(mlflow.pyfunc.PythonModel):
     """The pyfunc model of a registered version (loaded by MLflow from this file).
 
@@ -178,7 +176,6 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
         network.load_state_dict(state)
         self.network = network.eval()
 
-    # No type hints on predict: MLflow would try to derive an input schema from them.
     def predict(self, context, model_input, params=None):
         if self.network is None:
             raise MlflowException("The model has no network loaded: load it with mlflow.pyfunc.load_model(uri).")
