@@ -1,6 +1,6 @@
 """Benchmark of the whole pipeline on the real FashionMNIST (not run in CI: it trains for real).
 
-    python bench/bench_pipeline.py --epochs 1 --epochs 10 [--mirror ../shared/datasets/fashion-mnist]
+    python bench/bench_pipeline.py --epochs 1 --epochs 10 [--recipe augmented|tutorial] [--mirror ../shared/datasets/fashion-mnist]
 
 For each epoch count, one pipeline run as `make run` does it (embedded Prefect server, local Ray,
 MLflow SQLite store, the tutorial's settings: ResNet18, Adam 1e-3, batch 128 per worker, 2
@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--mirror", default=os.path.join(REPO, "..", "shared", "datasets", "fashion-mnist"))
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--limit", type=int, default=None, help="first N training images only (smoke runs)")
+    parser.add_argument("--recipe", default="augmented", choices=["augmented", "tutorial"])
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"))
     args = parser.parse_args()
     epochs_list = args.epochs or [1, 10]
@@ -49,11 +50,12 @@ def main() -> None:
         started = time.perf_counter()
         summary = training_pipeline(PipelineParams(
             mirrors=[os.path.abspath(args.mirror)], epochs=epochs, num_workers=args.num_workers,
-            experiment_name="bench", model_name=f"bench-{epochs}ep", limit=args.limit, test_limit=args.limit))
+            experiment_name="bench", model_name=f"bench-{epochs}ep", limit=args.limit, test_limit=args.limit,
+            recipe=args.recipe))
         wall = time.perf_counter() - started
         stages = summary["stage_seconds"]
         runs.append({
-            "epochs": epochs, "limit": args.limit, "pipeline_wall_s": wall, "stage_seconds": stages, "fit_seconds": summary["fit_seconds"],
+            "epochs": epochs, "recipe": args.recipe, "limit": args.limit, "pipeline_wall_s": wall, "stage_seconds": stages, "fit_seconds": summary["fit_seconds"],
             "overhead_beyond_fit_s": wall - summary["fit_seconds"], "test_accuracy": summary["test_accuracy"],
             "test_loss": summary["test_loss"], "training_metrics": summary["training_metrics"],
         })

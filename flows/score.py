@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Optional
 
 import pandas as pd
@@ -95,17 +96,19 @@ def score_steps(params: ScoreParams, input_url: str, output_url: str, tracking_u
     images = read_input.submit(input_url, params.storage_options).result()
     model = model_future.result()
     chunks = math.ceil(len(images) / params.chunk_size)
+    started = time.perf_counter()
     with remote_options(num_cpus=1):  # one CPU each: chunks run side by side, one per CPU
         futures = [score_images_chunk.submit(model, images.chunk(i * params.chunk_size, (i + 1) * params.chunk_size))
                    for i in range(chunks)]
         frames = [future.result() for future in futures]
+    score_seconds = time.perf_counter() - started
     predictions = pd.concat(frames, ignore_index=True)
     if len(predictions) != len(images):
         raise RuntimeError(f"Scored {len(predictions)} of {len(images)} images; nothing was written.")
     url = write_output.submit(predictions, output_url, params.storage_options, model, input_url).result()
     counts = predictions["class"].value_counts()
     return {"output_url": url, "images": len(predictions), "chunks": chunks, "model_name": model.name,
-            "model_version": model.version, "alias": model.alias,
+            "model_version": model.version, "alias": model.alias, "score_seconds": score_seconds,
             "class_counts": {str(k): int(v) for k, v in counts.items()}}
 
 
