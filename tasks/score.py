@@ -60,9 +60,11 @@ def read_input(input_url: str, storage_options: dict[str, Any] | None) -> ImageS
 @task(name="score-chunk", cache_policy=NO_CACHE, timeout_seconds=SCORE_CHUNK_TIMEOUT_S)
 def score_images_chunk(model: ResolvedModel, images: ImageSet) -> Any:
     """Predictions of one chunk (the model is loaded once per worker process, not per chunk or image)."""
-    frame = score_chunk(model, images)
-    get_run_logger().info("Scored %d images (ids %s..%s)", len(frame), images.ids[0], images.ids[-1])
-    return frame
+    chunk = score_chunk(model, images)
+    how = "loaded the model" if chunk.loaded_model else "reused the model already loaded"
+    get_run_logger().info("Scored %d images (ids %s..%s); worker pid %d %s", len(chunk.frame), images.ids[0],
+                          images.ids[-1], chunk.worker_pid, how)
+    return chunk.frame
 
 
 @task(name="write-predictions", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)

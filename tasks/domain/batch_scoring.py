@@ -90,28 +90,49 @@ _LOADED: dict[tuple[str, str], Any] = {}
 _LOAD_LOCK = threading.Lock()
 
 
-def load_model(model: ResolvedModel) -> Any:
-    """The pyfunc model of ``model``, loaded once per process (Ray reuses worker processes across chunks)."""
+def load_model(model: ResolvedModel) -> tuple[Any, bool]:
+    """The pyfunc model of ``model``, loaded once per process (Ray reuses worker processes across chunks).
+
+    Returns the model and whether this call loaded it (False: it came from this process's cache).
+    """
     import mlflow
 
     from trainlib.mlflow import _using_tracking_uri
 
     key = (model.tracking_uri, model.model_uri)
     with _LOAD_LOCK:
-        if key not in _LOADED:
+        loaded_now = key not in _LOADED
+        if loaded_now:
             with _using_tracking_uri(model.tracking_uri):
                 _LOADED[key] = mlflow.pyfunc.load_model(model.model_uri)
-        return _LOADED[key]
+        return _LOADED[key], loaded_now
 
 
-def score_chunk(model: ResolvedModel, images: ImageSet) -> pd.DataFrame:
-    """Predictions for ``images``: one row per image with the columns of ``PREDICTION_COLUMNS``."""
-    out = load_model(model).predict(images.pixels)
-    return pd.DataFrame({
+@dataclasses.dataclass(frozen=True)
+class ChunkPredictions:
+    """One chunk's predictions, and whether the worker had to load the model for it.
+
+    Attributes:
+        frame: one row per image, the columns of ``PREDICTION_COLUMNS``.
+        loaded_model: True when this worker process loaded the model for this chunk (its first).
+        worker_pid: the process that scored the chunk.
+    """
+
+    frame: pd.DataFrame
+    loaded_model: bool
+    worker_pid: int
+
+
+def score_chunk(model: ResolvedModel, images: ImageSet) -> ChunkPredictions:
+    """Predictions for ``images`` with the pinned version of ``model``."""
+    pyfunc, loaded_now = load_model(model)
+    out = pyfunc.predict(images.pixels)
+    frame = pd.DataFrame({
         "image_id": list(images.ids), "label": out["label"].astype("int64"), "class": out["class"].astype(str),
         "probability": out["probability"].astype("float64"), "model_name": model.name,
         "model_version": model.version,
     }, columns=list(PREDICTION_COLUMNS))
+    return ChunkPredictions(frame=frame, loaded_model=loaded_now, worker_pid=os.getpid())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +217,6 @@ def _masked(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-__all__ = ["ClassCount", "ModelAliasError", "PREDICTION_COLUMNS", "ResolvedModel", "class_histogram",
+__all__ = ["ChunkPredictions", "ClassCount", "ModelAliasError", "PREDICTION_COLUMNS", "ResolvedModel", "class_histogram",
            "load_model", "output_format", "read_predictions", "resolve_alias", "score_chunk",
            "write_predictions"]

@@ -137,7 +137,7 @@ def test_deployment_scores_real_images_like_pyfunc(services, inputs, tmp_path):
     out = _cli(services, "--no-prompt", "deploy", "--all")
     assert "score-images" in out
     params = {"input_url": inputs["idx"], "output_url": output, "model_name": MODEL_NAME,
-              "mlflow_tracking_uri": services["mlflow_uri"], "chunk_size": 100, "num_workers": 2}
+              "mlflow_tracking_uri": services["mlflow_uri"], "chunk_size": 50, "num_workers": 2}
     out = _cli(services, "deployment", "run", "score-images/score-images", "--params", json.dumps({"params": params}))
     flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
     worker_output = _cli(services, "worker", "start", "--pool", POOL, "--run-once", timeout=400)
@@ -151,12 +151,17 @@ def test_deployment_scores_real_images_like_pyfunc(services, inputs, tmp_path):
     assert set(predictions["model_version"]) == {services["version"]}
     assert not [f for f in os.listdir(os.path.dirname(output)) if f != "predictions.parquet"]  # no temp files left
 
-    # Three chunks of 100, each its own task run in the Ray subflow.
+    # Six chunks of 50, each its own task run in the Ray subflow; a worker loads the model for its first chunk only.
     parents = {t["id"] for t in _api(services, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})}
     [steps] = [r for r in runs.values() if r["parent_task_run_id"] in parents]
     tasks = _api(services, "/task_runs/filter", {"flow_runs": {"id": {"any_": [steps["id"]]}}})
     names = sorted(t["name"].rsplit("-", 1)[0] for t in tasks)
-    assert names.count("score-chunk") == 3 and {"resolve-model", "read-images", "write-predictions"} <= set(names)
+    assert names.count("score-chunk") == 6 and {"resolve-model", "read-images", "write-predictions"} <= set(names)
+    chunk_runs = [t["id"] for t in tasks if t["name"].startswith("score-chunk")]
+    logs = _api(services, "/logs/filter", {"logs": {"task_run_id": {"any_": chunk_runs}}, "limit": 200})
+    loads = [log["message"] for log in logs if "loaded the model" in log["message"]]
+    reuses = [log["message"] for log in logs if "reused the model already loaded" in log["message"]]
+    assert len(loads) + len(reuses) == 6 and 1 <= len(loads) < 6, loads + reuses
     [artifact] = [a for a in _api(services, "/artifacts/filter", {}) if a["key"] == f"scoring-histogram-{MODEL_NAME}"]
     rows = json.loads(artifact["data"]) if isinstance(artifact["data"], str) else artifact["data"]
     assert sum(row["images"] for row in rows) == N_IMAGES
