@@ -3,7 +3,7 @@ with `prefect worker`, local Ray, and a few hundred real FashionMNIST test image
 
 The deployment test runs `prefect deploy --all` from prefect.yaml and one `prefect deployment run` of
 `score-images`, executed by `prefect worker start --run-once`; the other tests run the flow in this
-process against the same servers (idx .gz, .npy and PNG-folder inputs; CSV and Parquet outputs; errors).
+process against the same servers (a PNG folder with CSV output; errors). The .npy reader is covered by test_model_units.py.
 """
 
 from __future__ import annotations
@@ -170,18 +170,15 @@ def test_deployment_scores_real_images_like_pyfunc(services, inputs, tmp_path):
     assert {row["class"]: row["images"] for row in rows} == counts
 
 
-def test_png_folder_and_npy_inputs_with_csv_output(services, inputs, tmp_path, ray_session):
+def test_png_folder_input_with_csv_output(services, inputs, tmp_path, ray_session):
     from tasks.domain.batch_scoring import read_predictions
 
-    want = _pyfunc_labels(inputs["pixels"])
-    for name in ("pngs", "npy"):
-        output = str(tmp_path / f"{name}.csv")
-        state = _run_in_process(services, ray_session, input_url=inputs[name], output_url=output, chunk_size=128)
-        assert state.is_completed(), state.message
-        predictions = read_predictions(output)
-        assert predictions["label"].tolist() == want, name
-    assert read_predictions(str(tmp_path / "pngs.csv"))["image_id"].tolist()[:2] == ["image_00000.png",
-                                                                                     "image_00001.png"]
+    output = str(tmp_path / "pngs.csv")
+    state = _run_in_process(services, ray_session, input_url=inputs["pngs"], output_url=output, chunk_size=128)
+    assert state.is_completed(), state.message
+    predictions = read_predictions(output)
+    assert predictions["label"].tolist() == _pyfunc_labels(inputs["pixels"])
+    assert predictions["image_id"].tolist()[:2] == ["image_00000.png", "image_00001.png"]
 
 
 def test_missing_alias_names_the_model_and_how_to_create_a_champion(services, inputs, tmp_path, ray_session):
