@@ -184,6 +184,14 @@ def test_deployment_runs_register_champion_and_challenger(services, tmp_path, ra
     assert {"confusion_matrix.png", "learning_curve.png", "test_report.md"} <= evaluation
     first_accuracy = float(v1.tags["test_accuracy"])
     assert first_accuracy == pytest.approx(run.data.metrics["test_accuracy"], abs=1e-6)
+    # Lineage: the data set is the run's input, the usual source tags, one checkpoint copy (the best), the recipe.
+    [dataset_input] = run.inputs.dataset_inputs
+    assert dataset_input.dataset.name == "fashion-mnist" and v1.tags["dataset_md5"] == dataset_input.dataset.digest
+    assert run.data.tags["mlflow.source.name"] == "flows.pipeline:training-pipeline" and "mlflow.user" in run.data.tags
+    if os.path.exists(os.path.join(REPO_ROOT, ".git")):
+        assert len(run.data.tags["mlflow.source.git.commit"]) == 40
+    assert len(client.list_artifacts(v1.run_id, "checkpoints")) == 1
+    assert v1.tags["recipe"] == "augmented" and v1.tags["previous_champion_version"] == "none"
 
     # A worse model (lr=0: the initial weights) becomes challenger, not champion. This run goes
     # in-process on the test's Ray to save a second worker, flow process and Ray start-up.
@@ -200,6 +208,9 @@ def test_deployment_runs_register_champion_and_challenger(services, tmp_path, ra
     assert v2.version == "2"
     assert float(v2.tags["test_accuracy"]) < first_accuracy
     assert v2.tags["promotion_decision"] == "kept_champion"
+    # The champion was scored again in run 2, on the same test images: the same accuracy as in run 1.
+    assert float(v2.tags["previous_champion_test_accuracy"]) == pytest.approx(first_accuracy, abs=1e-6)
+    assert v2.tags["test_data_md5"] == v1.tags["test_data_md5"]
     assert client.get_model_version_by_alias(model_name, "champion").version == "1"
 
     # A run that fails mid-pipeline (more workers than the cluster holds) leaves the champion alone.
