@@ -27,6 +27,7 @@ import fsspec
 import pandas as pd
 
 from tasks.domain.image_source import ImageSet
+from tasks.domain.urls import mask_url
 
 PREDICTION_COLUMNS = ("image_id", "label", "class", "probability", "model_name", "model_version")
 OUTPUT_FORMATS = {".parquet": "parquet", ".csv": "csv"}
@@ -78,7 +79,7 @@ def resolve_alias(model_name: str, alias: str, tracking_uri: str) -> ResolvedMod
         except MlflowException:
             what = f"There is no registered model {model_name!r}"
         raise ModelAliasError(
-            f"{what} in MLflow at {_masked(tracking_uri)}. Create a champion by running the training pipeline "
+            f"{what} in MLflow at {mask_url(tracking_uri)}. Create a champion by running the training pipeline "
             "(`python -m flows.main` or the fashion-mnist-retrain deployment), which registers a version and "
             f"promotes it; or point the alias at an existing version: MlflowClient().set_registered_model_alias("
             f"{model_name!r}, {alias!r}, '<version>'). ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
@@ -203,18 +204,6 @@ def read_predictions(url: str, storage_options: Mapping[str, Any] | None = None)
     if output_format(url) == "parquet":
         return pd.read_parquet(io.BytesIO(data))
     return pd.read_csv(io.BytesIO(data), dtype={"image_id": str, "model_version": str})
-
-
-def _masked(url: str) -> str:
-    """A URL without user, password or query (never show credentials)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if not parts.netloc:
-        return url
-    host = parts.hostname or ""
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 __all__ = ["ChunkPredictions", "ClassCount", "ModelAliasError", "PREDICTION_COLUMNS", "ResolvedModel", "class_histogram",
