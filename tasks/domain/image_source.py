@@ -24,6 +24,8 @@ from typing import Any, Mapping
 import fsspec
 import numpy as np
 
+from tasks.domain.urls import mask_url
+
 IDX_IMAGES_MAGIC = 0x00000803
 SIDE = 28
 ACCEPTED = ("an idx image file (e.g. t10k-images-idx3-ubyte.gz), a .npy array of uint8 images [N, 28, 28] "
@@ -62,8 +64,9 @@ def read_images(url: str, storage_options: Mapping[str, Any] | None = None) -> I
     Raises:
         ImageSourceError: ``url`` does not exist, holds no image, or cannot be read as images.
     """
+    source, url = url, mask_url(url)  # messages show the masked form only
     try:
-        fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        fs, path = fsspec.core.url_to_fs(source, **dict(storage_options or {}))
     except (ImportError, ValueError) as exc:
         raise ImageSourceError(f"Cannot open {url}: {type(exc).__name__}: {exc}. Pass a local path or an fsspec "
                                "URL whose package is installed (s3:// needs s3fs).") from None
