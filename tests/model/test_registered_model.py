@@ -62,6 +62,7 @@ def training_code_labels(network: torch.nn.Module, images: torch.Tensor) -> list
         return network(to_inputs(images)).argmax(1).tolist()
 
 
+@pytest.mark.timeout(900)  # the first test also pays for the module's server, training and registration
 def test_pyfunc_takes_raw_uint8_images_of_any_batch_size(champion):
     for n in BATCHES:
         images, _ = real_images(False, 500)
@@ -246,6 +247,7 @@ def post(url: str, payload: dict) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
+@pytest.mark.timeout(600)  # includes starting `mlflow models serve`
 def test_served_model_answers_raw_images_like_pyfunc(served, champion):
     images, _ = real_images(False, 500)
     for n in BATCHES:

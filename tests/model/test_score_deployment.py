@@ -128,7 +128,7 @@ def _run_in_process(services, ray_session, **params):
                             return_state=True)
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(900)  # includes the module's server start-up and registration (setup)
 def test_deployment_scores_real_images_like_pyfunc(services, inputs, tmp_path):
     from tasks.domain.batch_scoring import read_predictions
 
