@@ -1,11 +1,15 @@
 """Benchmark of the whole pipeline on the real FashionMNIST (not run in CI: it trains for real).
 
-    python bench/bench_pipeline.py --epochs 1 --epochs 10 [--recipe augmented|tutorial] [--mirror ../shared/datasets/fashion-mnist]
+    python bench/bench_pipeline.py --epochs 1 [--limit 2048] [--recipe augmented|tutorial] [--mirror ../shared/datasets/fashion-mnist]
 
 For each epoch count, one pipeline run as `make run` does it (embedded Prefect server, local Ray,
-MLflow SQLite store, the tutorial's settings: ResNet18, Adam 1e-3, batch 128 per worker, 2
-workers): the seconds of every stage, training's own `fit()` time, the pipeline's overhead beyond
-it, and the test accuracy reached. Writes bench/results/pipeline.json and pipeline.md.
+MLflow SQLite store in a fresh home, the tutorial's settings: ResNet18, Adam 1e-3, batch 128 per
+worker, 2 workers): the seconds of every stage, training's own `fit()` time, the pipeline's fixed
+overhead beyond it, the test accuracy, and the CPU the embedded services used while the train step
+ran (the Prefect server's process tree; Ray's own processes: GCS, raylet, agents, log monitor), as
+a share of the machine. `--limit N` trains on N images only: the overhead is the same, the run is
+short (use it on a busy machine, and say so). Writes bench/results/pipeline.json and pipeline.md
+(`--tag` names other files, e.g. pipeline_subset).
 """
 
 from __future__ import annotations
@@ -16,10 +20,76 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+
+RAY_SERVICE_WORDS = ("gcs_server", "raylet", "log_monitor", "dashboard", "monitor.py", "runtime_env", "agent")
+SAMPLE_S = 0.5
+
+
+class CpuSampler:
+    """Samples the cumulative CPU seconds of the Prefect server's tree and of Ray's service processes."""
+
+    def __init__(self, server_pid: int | None):
+        import psutil
+
+        self.psutil = psutil
+        self.server = psutil.Process(server_pid) if server_pid else None
+        self.samples: list[tuple[float, float, float]] = []  # (time, prefect cpu s, ray services cpu s)
+        self._stop = threading.Event()
+        self._known: dict[int, tuple[str, float]] = {}  # pid -> (group, last cpu seconds): exited ones count
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "CpuSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _group(self, process) -> str | None:
+        if self.server is not None and (process.pid == self.server.pid or self.server.pid in
+                                        [p.pid for p in process.parents()]):
+            return "prefect"
+        cmdline = " ".join(process.cmdline())
+        if any(word in cmdline for word in RAY_SERVICE_WORDS) and "ray" in cmdline:
+            return "ray"
+        return None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            for process in self.psutil.process_iter():
+                try:
+                    if process.pid not in self._known:
+                        group = self._group(process)
+                        if group is None:
+                            self._known[process.pid] = ("", 0.0)
+                            continue
+                        self._known[process.pid] = (group, 0.0)
+                    group, _ = self._known[process.pid]
+                    if group:
+                        times = process.cpu_times()
+                        self._known[process.pid] = (group, times.user + times.system)
+                except self.psutil.Error:
+                    continue
+            totals = {"prefect": 0.0, "ray": 0.0}
+            for group, seconds in self._known.values():
+                if group:
+                    totals[group] += seconds
+            self.samples.append((time.time(), totals["prefect"], totals["ray"]))
+
+    def share_of_machine(self, start: float, end: float) -> dict[str, float]:
+        """CPU share (0..1 of all cores) each group used between wall times ``start`` and ``end``."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return {"prefect": float("nan"), "ray": float("nan")}
+        (t0, p0, r0), (t1, p1, r1) = inside[0], inside[-1]
+        capacity = (t1 - t0) * (os.cpu_count() or 1)
+        return {"prefect": (p1 - p0) / capacity, "ray": (r1 - r0) / capacity, "seconds": t1 - t0}
 
 
 def main() -> None:
@@ -27,51 +97,66 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, action="append", default=None)
     parser.add_argument("--mirror", default=os.path.join(REPO, "..", "shared", "datasets", "fashion-mnist"))
     parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--limit", type=int, default=None, help="first N training images only (smoke runs)")
-    parser.add_argument("--recipe", default="augmented", choices=["augmented", "tutorial"])
+    parser.add_argument("--limit", type=int, default=None, help="first N training images only (busy machine)")
+    parser.add_argument("--test-limit", type=int, default=None, help="first N test images only")
+    parser.add_argument("--tag", default="pipeline", help="results file name (default: %(default)s)")
+    parser.add_argument("--recipe", default="augmented", choices=["augmented", "tutorial"],
+                        help="training recipe (default: %(default)s)")
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"))
     args = parser.parse_args()
-    epochs_list = args.epochs or [1, 10]
+    epochs_list = args.epochs or [1]
 
     from flows.params import PipelineParams
     from flows.prefect_server import ensure_prefect
     from tasks.domain.home import HOME_ENV_VAR, PipelineHome
 
     os.environ[HOME_ENV_VAR] = tempfile.mkdtemp(prefix="trainlib_pipeline_bench_")
+    for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "TRAINLIB_STORAGE_PATH", "TRAINLIB_DATA_CACHE"):
+        os.environ.pop(name, None)
     home = PipelineHome.resolve()
     server = ensure_prefect(home, port=_free_port())
-    how = server.how
     os.environ["PREFECT_API_URL"] = server.api_url
     os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
     from flows.pipeline import training_pipeline
 
     runs = []
-    for epochs in epochs_list:
-        started = time.perf_counter()
-        summary = training_pipeline(PipelineParams(
-            mirrors=[os.path.abspath(args.mirror)], epochs=epochs, num_workers=args.num_workers,
-            experiment_name="bench", model_name=f"bench-{epochs}ep", limit=args.limit, test_limit=args.limit,
-            recipe=args.recipe))
-        wall = time.perf_counter() - started
-        stages = summary["stage_seconds"]
-        runs.append({
-            "epochs": epochs, "recipe": args.recipe, "limit": args.limit, "pipeline_wall_s": wall, "stage_seconds": stages, "fit_seconds": summary["fit_seconds"],
-            "overhead_beyond_fit_s": wall - summary["fit_seconds"], "test_accuracy": summary["test_accuracy"],
-            "test_loss": summary["test_loss"], "training_metrics": summary["training_metrics"],
-        })
-        print(json.dumps(runs[-1], indent=1), flush=True)
+    try:
+        for epochs in epochs_list:
+            started = time.perf_counter()
+            with CpuSampler(server.pid) as sampler:
+                summary = training_pipeline(PipelineParams(
+                    mirrors=[os.path.abspath(args.mirror)], epochs=epochs, num_workers=args.num_workers,
+                    experiment_name="bench", model_name=f"bench-{epochs}ep", limit=args.limit,
+                    test_limit=args.test_limit, recipe=args.recipe))
+            wall = time.perf_counter() - started
+            train_start, train_end = summary["stage_windows"]["train"]
+            runs.append({
+                "epochs": epochs, "recipe": args.recipe, "limit": args.limit, "test_limit": args.test_limit, "pipeline_wall_s": wall,
+                "stage_seconds": summary["stage_seconds"], "fit_seconds": summary["fit_seconds"],
+                "overhead_beyond_fit_s": wall - summary["fit_seconds"], "test_accuracy": summary["test_accuracy"],
+                "test_loss": summary["test_loss"], "training_metrics": summary["training_metrics"],
+                "services_cpu_share_while_training": sampler.share_of_machine(train_start, train_end),
+            })
+            print(json.dumps(runs[-1], indent=1), flush=True)
+    finally:
+        if server.pid:
+            os.kill(server.pid, 15)
     machine = {"cores": os.cpu_count(), "python": platform.python_version(), "load_avg_after": os.getloadavg()}
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "pipeline.json"), "w") as f:
-        json.dump({"machine": machine, "prefect_server": how, "runs": runs}, f, indent=1)
-    lines = ["| epochs | pipeline wall (s) | download | train task | evaluate | register | trainlib fit() (s) "
-             "| overhead beyond fit() (s) | test accuracy |", "|---|---|---|---|---|---|---|---|---|"]
+    with open(os.path.join(args.out, f"{args.tag}.json"), "w") as f:
+        json.dump({"machine": machine, "prefect_server": server.how, "runs": runs}, f, indent=1)
+    lines = ["| epochs | training images | pipeline wall (s) | download | train task | evaluate | register "
+             "| trainlib fit() (s) | overhead beyond fit() (s) | Prefect server CPU while training "
+             "| Ray services CPU while training | test accuracy |", "|---" * 12 + "|"]
     for r in runs:
-        s = r["stage_seconds"]
-        lines.append(f"| {r['epochs']} | {r['pipeline_wall_s']:.0f} | {s['download']:.1f} | {s['train']:.0f} | "
-                     f"{s['evaluate']:.1f} | {s['register']:.1f} | {r['fit_seconds']:.0f} | "
-                     f"{r['overhead_beyond_fit_s']:.0f} | {100 * r['test_accuracy']:.2f}% |")
-    with open(os.path.join(args.out, "pipeline.md"), "w") as f:
+        s, cpu = r["stage_seconds"], r["services_cpu_share_while_training"]
+        lines.append(f"| {r['epochs']} | {r['limit'] or 'all'} | {r['pipeline_wall_s']:.0f} | {s['download']:.1f} | "
+                     f"{s['train']:.0f} | {s['evaluate']:.1f} | {s['register']:.1f} | {r['fit_seconds']:.0f} | "
+                     f"{r['overhead_beyond_fit_s']:.0f} | {100 * cpu['prefect']:.1f}% | {100 * cpu['ray']:.1f}% | "
+                     f"{100 * r['test_accuracy']:.2f}% |")
+    lines.append(f"\nMachine: {machine['cores']} cores, load average after the run {machine['load_avg_after']}. "
+                 "CPU shares are of the whole machine (all cores).")
+    with open(os.path.join(args.out, f"{args.tag}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

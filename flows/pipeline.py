@@ -14,15 +14,19 @@ import dataclasses
 import time
 from typing import Any
 
+import ray
 from prefect import flow, get_run_logger
 from prefect.context import get_run_context
 from prefect_ray.context import remote_options
 
 from flows.params import PipelineParams
+from flows.progress_display import ProgressDisplay
 from flows.task_runner import current_api_url, make_task_runner
+from tasks.artifacts import artifact_key
 from tasks.domain.home import PipelineHome
 from tasks.domain.lineage import dataset_identity, source_tags
 from tasks.domain.model_package import ModelCard
+from tasks.domain.progress import BoardSink, ProgressBoard
 from tasks.domain.recipe import get_recipe
 from tasks.domain.training_run import TrainingSettings
 from tasks.domain.urls import expand_path, join_url, mask_url
@@ -32,6 +36,19 @@ from tasks.register import register
 from tasks.train import train_model
 
 FLOW_NAME = "training-pipeline"
+OTHER_STEPS_TIMEOUT_S = 3600.0  # download + evaluate + register, on top of the train task's timeout
+
+
+def flow_run_name() -> str:
+    """``<model name>-<YYYY-mm-dd-HHMM>`` of the scheduled start: the same for every retry of the run."""
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters.get("params")
+    if isinstance(params, PipelineParams):
+        model = params.model_name
+    else:
+        model = (params or {}).get("model_name") or PipelineParams.model_fields["model_name"].default
+    return f"{model}-{flow_run.scheduled_start_time:%Y-%m-%d-%H%M}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,28 +93,36 @@ def pipeline_steps(run: PipelineRun) -> dict[str, Any]:
     """The four steps, each a task on the Ray cluster; returns a summary with each step's seconds."""
     params = run.params
     seconds: dict[str, float] = {}
-    started = time.perf_counter()
+    windows: dict[str, tuple[float, float]] = {}  # wall-clock start and end of each step (for benchmarks)
+    started, wall = time.perf_counter(), time.time()
     staged = download_dataset.submit(params.dataset, params.mirrors, run.data_cache_dir,
                                      join_url(run.training.storage_path, "datasets")).result()
-    seconds["download"] = time.perf_counter() - started
+    seconds["download"], windows["download"] = time.perf_counter() - started, (wall, time.time())
 
-    started = time.perf_counter()
-    with remote_options(num_cpus=0, num_gpus=0):  # the DDP workers hold the CPUs/GPUs, not the driver
-        training = train_model.submit(staged, run.training, run.mlflow_tracking_uri, params.experiment_name,
-                                      run.tags).result()
-    seconds["train"] = time.perf_counter() - started
+    started, wall = time.perf_counter(), time.time()
+    board = ProgressBoard.remote()  # rank 0 tells it where it is within the epoch; the display reads it
+    display = ProgressDisplay(board, get_run_logger(), key=artifact_key("training-progress", params.model_name),
+                              description=f"Training run {run.training.run_name}")
+    train = train_model.with_options(timeout_seconds=params.train_timeout_s)
+    try:
+        with display, remote_options(num_cpus=0, num_gpus=0):  # the DDP workers hold the CPUs/GPUs
+            training = train.submit(staged, run.training, run.mlflow_tracking_uri, params.experiment_name,
+                                    run.tags, BoardSink(board)).result()
+    finally:
+        ray.kill(board)
+    seconds["train"], windows["train"] = time.perf_counter() - started, (wall, time.time())
 
-    started = time.perf_counter()
+    started, wall = time.perf_counter(), time.time()
     comparison = evaluate.submit(training, staged, run.data_cache_dir, params.test_limit, run.mlflow_tracking_uri,
                                  params.model_name).result()
     report = comparison.report
-    seconds["evaluate"] = time.perf_counter() - started
+    seconds["evaluate"], windows["evaluate"] = time.perf_counter() - started, (wall, time.time())
 
-    started = time.perf_counter()
+    started, wall = time.perf_counter(), time.time()
     card = ModelCard(dataset=dataset_identity(staged), recipe=run.training.recipe.record())
     registration = register.submit(training, comparison, card, params.model_name, run.mlflow_tracking_uri,
                                    params.min_margin, run.tags).result()
-    seconds["register"] = time.perf_counter() - started
+    seconds["register"], windows["register"] = time.perf_counter() - started, (wall, time.time())
 
     return {
         "run_path": training.run_path, "checkpoint": training.checkpoint_uri, "mlflow_run_id": training.mlflow_run_id,
@@ -106,11 +131,11 @@ def pipeline_steps(run: PipelineRun) -> dict[str, Any]:
         "decision": registration.decision.reason, "test_accuracy": report.accuracy, "test_loss": report.loss,
         "champion_test_accuracy": comparison.champion.accuracy, "recipe": params.recipe,
         "downloaded_files": list(staged.downloaded), "training_metrics": training.metrics,
-        "fit_seconds": training.seconds, "stage_seconds": seconds,
+        "fit_seconds": training.seconds, "stage_seconds": seconds, "stage_windows": windows,
     }
 
 
-@flow(name=FLOW_NAME, validate_parameters=True)
+@flow(name=FLOW_NAME, flow_run_name=flow_run_name, validate_parameters=True)
 def training_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, Any]:
     """Download FashionMNIST, train the tutorial's ResNet18 with trainlib on Ray, evaluate, register.
 
@@ -125,7 +150,9 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, An
     logger.info("Run %s: %s on %s, %d worker(s), %d epoch(s); Ray %s; MLflow %s; storage %s", run.training.run_name,
                 params.dataset, "GPUs" if params.use_gpu else "CPUs", params.num_workers, params.epochs,
                 params.ray_address or "local", mask_url(run.mlflow_tracking_uri), mask_url(run.training.storage_path))
-    steps = pipeline_steps.with_options(task_runner=make_task_runner(params.ray_address, api_url))
+    steps = pipeline_steps.with_options(
+        task_runner=make_task_runner(params.ray_address, api_url), flow_run_name=f"{get_run_context().flow_run.name}-steps",
+        timeout_seconds=params.train_timeout_s + OTHER_STEPS_TIMEOUT_S)
     summary = steps(run)
     logger.info("Done: test accuracy %.2f%%, %s version %s (%s)", 100 * summary["test_accuracy"], params.model_name,
                 summary["model_version"], summary["decision"])

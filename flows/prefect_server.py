@@ -26,6 +26,7 @@ class PrefectServer:
 
     api_url: str
     how: str
+    pid: int | None = None  # the server this command started, if it did
 
     @property
     def ui_url(self) -> str:
@@ -86,4 +87,4 @@ def ensure_prefect(home: PipelineHome, port: int) -> PrefectServer:
     if server_healthy(local):
         return PrefectServer(local, f"already running on 127.0.0.1:{port}")
     url, pid = start_prefect_server(home.prefect_home, port, os.path.join(home.root, "prefect-server.log"))
-    return PrefectServer(url, f"started (pid {pid}, state in {home.prefect_home}; stop it with `kill {pid}`)")
+    return PrefectServer(url, f"started (pid {pid}, state in {home.prefect_home}; stop it with `kill {pid}`)", pid)

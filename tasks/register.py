@@ -2,7 +2,8 @@
 
 Runs on a Ray worker in the pipeline. The work is
 :func:`tasks.domain.model_registry.register_and_promote` (a retry never registers the same
-run twice); this wrapper adds retries, the log and a markdown artifact with the decision.
+run twice); this wrapper adds retries, the log, a markdown artifact with the decision and the
+``trainlib.model.promoted`` event.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tasks.domain.model_package import ModelCard
 from tasks.domain.model_registry import Comparison, Registration, register_and_promote
 from tasks.domain.promotion import CHALLENGER_ALIAS
 from tasks.domain.training_run import TrainingOutcome
+from tasks.events import emit_model_promoted
 
 REGISTER_TIMEOUT_S = 15 * 60
 
@@ -29,6 +31,9 @@ def register(training: TrainingOutcome, comparison: Comparison, card: ModelCard,
     decision, report = registration.decision, comparison.report
     logger.info("Registered %s version %s as %r; %s", model_name, registration.version, CHALLENGER_ALIAS,
                 decision.reason)
+    if decision.promote:
+        emit_model_promoted(model_name, registration.version, report.accuracy, decision.champion_version,
+                            decision.reason)
     create_markdown_artifact(
         f"# Model registry: {model_name}\n\n"
         f"* new version **{registration.version}** has alias `{CHALLENGER_ALIAS}`\n"

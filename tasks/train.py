@@ -4,34 +4,51 @@ Runs on a Ray worker in the pipeline, started with ``num_cpus=0`` so the DDP wor
 every CPU; this process is trainlib's driver. The work is
 :func:`tasks.domain.training_run.run_training`; this wrapper adds MLflow tracking
 (``trainlib.mlflow.MLflowLogger``, which copies only the best checkpoint to MLflow, once, at
-the end), the data set as the MLflow run's input, and the Prefect log. Worker failures are handled by
-trainlib's ``FailureConfig``, never by Prefect retries.
+the end), the data set as the MLflow run's input, the Prefect log, a link artifact to the MLflow
+run and the ``trainlib.training.failed`` event. Worker failures are handled by trainlib's
+``FailureConfig``, never by Prefect retries; a retried flow run continues the same training
+run (its name is stable), and a finished one is not trained again.
 """
 
 from __future__ import annotations
 
 from prefect import get_run_logger, task
+from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
+from tasks.artifacts import artifact_key
 from tasks.domain.lineage import dataset_identity, log_dataset_input
+from tasks.domain.mlflow_runs import find_run_id, run_page_url
+from tasks.domain.progress import ProgressSink
 from tasks.domain.staging import StagedDataset
 from tasks.domain.training_run import TrainingOutcome, TrainingSettings, run_training, training_outcome
+from tasks.events import emit_training_failed
 from tasks.prefect_callback import PrefectLogCallback
 
 
 @task(name="train", cache_policy=NO_CACHE)
-def train_model(dataset: StagedDataset, settings: TrainingSettings, tracking_uri: str | None,
-                experiment_name: str, tags: dict[str, str] | None = None) -> TrainingOutcome:
+def train_model(dataset: StagedDataset, settings: TrainingSettings, tracking_uri: str, experiment_name: str,
+                tags: dict[str, str] | None = None, progress: ProgressSink | None = None) -> TrainingOutcome:
     """Train with trainlib on the Ray cluster, tracked in MLflow; return where the result is."""
     from trainlib.mlflow import MLflowLogger
 
     logger = get_run_logger()
     mlflow_logger = MLflowLogger(tracking_uri=tracking_uri, experiment_name=experiment_name,
                                  run_name=settings.run_name, tags=dict(tags or {}), log_checkpoints="best")
-    result, seconds = run_training(settings, dataset, [mlflow_logger, PrefectLogCallback(logger)])
-    outcome = training_outcome(result, seconds, mlflow_logger.run_id)
-    if outcome.mlflow_run_id and tracking_uri:
-        log_dataset_input(outcome.mlflow_run_id, dataset_identity(dataset), tracking_uri)
-    logger.info("fit() took %.1f s; evaluating checkpoint %s (MLflow run %s)", seconds, outcome.checkpoint_uri,
-                outcome.mlflow_run_id)
+    try:
+        result, seconds, reused = run_training(settings, dataset, [mlflow_logger, PrefectLogCallback(logger)],
+                                               progress)
+    except Exception as exc:
+        emit_training_failed(settings.run_name, exc)
+        raise
+    run_id = mlflow_logger.run_id if not reused else find_run_id(tracking_uri, experiment_name, settings.run_name)
+    outcome = training_outcome(result, seconds, run_id)
+    if run_id and not reused:
+        log_dataset_input(run_id, dataset_identity(dataset), tracking_uri)
+    if run_id:
+        create_link_artifact(run_page_url(tracking_uri, run_id), link_text=f"MLflow run {settings.run_name}",
+                             key=artifact_key("mlflow-run", experiment_name),
+                             description="The training's MLflow run: metrics, checkpoints, evaluation, model")
+    logger.info("fit() took %.1f s%s; evaluating checkpoint %s (MLflow run %s)", seconds,
+                " (finished earlier, not trained again)" if reused else "", outcome.checkpoint_uri, run_id)
     return outcome

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import trainlib
 from tasks.domain.idx_files import load_fashion_mnist_split
 from tasks.domain.network import MEAN, MODEL_FILE, STD, build_model, to_inputs, unwrap
+from tasks.domain.progress import ProgressMeter
 from tasks.domain.recipe import Recipe, augment_batch, make_optimizer, make_scheduler
 from tasks.domain.staging import StagedDataset, fetch_staged
 from trainlib.torch import get_device, prepare_data_loader, prepare_model
@@ -60,7 +61,8 @@ def train_func(config: dict[str, Any]) -> None:
     Config keys (built by ``tasks.domain.training_run.training_config``): ``staged`` (the
     :class:`StagedDataset`), ``node_cache_dir`` (where this node keeps its verified copy),
     ``limit`` (training images to use, None for all), ``val_fraction``, ``recipe`` (a
-    :class:`Recipe`), ``batch_size`` (per worker), ``epochs``, ``seed``.
+    :class:`Recipe`), ``batch_size`` (per worker), ``epochs``, ``seed``, ``progress`` (a
+    ``ProgressSink`` that rank 0 tells its progress within the epoch, or None).
     """
     context = trainlib.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -99,9 +101,14 @@ def train_func(config: dict[str, Any]) -> None:
             start_epoch = state["epoch"] + 1
 
     device = get_device()
+    meter = None
+    if rank == 0 and config.get("progress") is not None:
+        meter = ProgressMeter(config["progress"], config["epochs"], len(train_loader), world_size)
     for epoch in range(start_epoch, config["epochs"]):
         if world_size > 1:
             train_loader.sampler.set_epoch(epoch)
+        if meter:
+            meter.start_epoch(epoch)
         model.train()
         loss_sum, seen = 0.0, 0
         for batch_images, batch_labels in train_loader:
@@ -114,6 +121,8 @@ def train_func(config: dict[str, Any]) -> None:
                 scheduler.step()
             loss_sum += loss.item() * len(batch_labels)
             seen += len(batch_labels)
+            if meter:
+                meter.step(len(batch_labels))
 
         model.eval()
         val_correct = val_loss = 0.0

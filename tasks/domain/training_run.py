@@ -7,21 +7,25 @@ latest committed checkpoint (``if_exists="resume"``).
 
 Example::
 
-    result, seconds = run_training(settings, staged, callbacks=[])
+    result, seconds, reused = run_training(settings, staged, callbacks=[])
     outcome = training_outcome(result, seconds, mlflow_run_id=None)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any
 
 import trainlib
+from tasks.domain.progress import ProgressSink
 from tasks.domain.recipe import Recipe
 from tasks.domain.staging import StagedDataset
 from tasks.domain.training_loop import train_func
-from tasks.domain.urls import expand_path
+from tasks.domain.urls import expand_path, join_url
+
+logger = logging.getLogger("trainlib")
 from trainlib.torch import TorchTrainer
 
 HISTORY_KEYS = ("epoch", "loss", "val_loss", "val_accuracy")
@@ -85,21 +89,24 @@ class TrainingOutcome:
     seconds: float
 
 
-def training_config(settings: TrainingSettings, dataset: StagedDataset) -> dict[str, Any]:
-    """The ``train_loop_config`` of :func:`train_func` (plain values, nothing secret)."""
+def training_config(settings: TrainingSettings, dataset: StagedDataset,
+                    progress: ProgressSink | None = None) -> dict[str, Any]:
+    """The ``train_loop_config`` of :func:`train_func` (plain values and the progress sink, nothing secret)."""
     return {
         "staged": dataset, "node_cache_dir": expand_path(settings.node_cache_dir), "limit": settings.limit,
         "val_fraction": settings.val_fraction, "recipe": settings.recipe, "batch_size": settings.batch_size,
-        "epochs": settings.epochs, "seed": settings.seed,
+        "epochs": settings.epochs, "seed": settings.seed, "progress": progress,
     }
 
 
-def run_training(settings: TrainingSettings, dataset: StagedDataset, callbacks: list[trainlib.Callback]
-                 ) -> tuple[trainlib.Result, float]:
-    """Run the tutorial's training with trainlib; return the result and the seconds ``fit()`` took.
+def run_training(settings: TrainingSettings, dataset: StagedDataset, callbacks: list[trainlib.Callback],
+                 progress: ProgressSink | None = None) -> tuple[trainlib.Result, float, bool]:
+    """Run the tutorial's training with trainlib; return the result, the seconds ``fit()`` took, and
+    whether the run had finished before (then nothing was trained and the seconds are 0).
 
     A run folder of the same name that exists already is continued from its latest committed
-    checkpoint, so a retried pipeline run does not start training over.
+    checkpoint, so a retried pipeline run does not start training over; a finished one is
+    read back, not trained again.
 
     Raises:
         trainlib.ResourcesUnavailableError: the cluster cannot hold ``num_workers`` workers.
@@ -107,7 +114,7 @@ def run_training(settings: TrainingSettings, dataset: StagedDataset, callbacks: 
     """
     trainer = TorchTrainer(
         train_func,
-        train_loop_config=training_config(settings, dataset),
+        train_loop_config=training_config(settings, dataset, progress),
         scaling_config=trainlib.ScalingConfig(num_workers=settings.num_workers, use_gpu=settings.use_gpu,
                                               placement_timeout_s=settings.placement_timeout_s),
         run_config=trainlib.RunConfig(
@@ -119,8 +126,13 @@ def run_training(settings: TrainingSettings, dataset: StagedDataset, callbacks: 
         ),
     )
     started = time.perf_counter()
-    result = trainer.fit()
-    return result, time.perf_counter() - started
+    try:
+        result = trainer.fit()
+    except trainlib.RunExistsError:  # raised only for a FINISHED run under if_exists="resume"
+        logger.warning("Training run %s finished earlier: using its result, not training again.",
+                       settings.run_name)
+        return trainlib.Result.from_path(join_url(settings.storage_path, settings.run_name)), 0.0, True
+    return result, time.perf_counter() - started, False
 
 
 def chosen_checkpoint(result: trainlib.Result) -> trainlib.Checkpoint:

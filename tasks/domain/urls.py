@@ -34,6 +34,8 @@ def mask_url(url: str) -> str:
     if not is_url(url):
         return url
     parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc and not parts.query:
+        return url  # nothing to hide (and sqlite:////abs/path keeps its slashes)
     netloc = parts.netloc
     if "@" in netloc:
         netloc = "***@" + netloc.rsplit("@", 1)[1]

@@ -1,21 +1,31 @@
-"""End-to-end pipeline tests on real services: a Prefect server process, an `mlflow server` process,
-a process work pool with `prefect worker`, local Ray, and a few hundred real FashionMNIST images.
+"""End-to-end pipeline tests on real services: one Prefect server process (with its UI) for the module,
+a process work pool with `prefect worker`, local Ray, MLflow's SQLite store in the pipeline's home, and
+a few hundred real FashionMNIST images.
 
-The deployment test runs `prefect deploy --all` from prefect.yaml, then two `prefect deployment run`s
-executed by `prefect worker start --run-once`: a normal model (becomes champion) and an lr=0 model
-(challenger only). The bad-input tests run the flow in this process against the same server.
+* The main command and the scheduled deployment share one home, so one registry: a `python -m flows.main`
+  run makes the champion, then `prefect deployment run` through a worker registers a challenger judged
+  against it.
+* A deployment run SIGKILLed during epoch 2 of 3 and retried continues its training run from the
+  committed checkpoint and registers once.
+* A failing run notifies a local HTTP receiver through a Prefect automation and a webhook block.
+* The flow run page, in headless Chromium, shows the task runs and the artifacts.
+* Bad input is refused at the boundary: the command line, the server (deployment parameters), the flow.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
+import http.server
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -29,9 +39,14 @@ BIN = os.path.dirname(sys.executable)
 POOL = "trainlib-process"  # as in prefect.yaml
 DEPLOYMENT = "training-pipeline/fashion-mnist-retrain"
 SMALL = {"num_workers": 2, "limit": 384, "test_limit": 300, "batch_size": 32}
+UI_TIMEOUT_MS = 60_000
 
 needs_data = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_MIRROR),
                                 reason=f"the FashionMNIST mirror {FASHION_MNIST_MIRROR} is missing")
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or (os.path.exists("/usr/bin/chromium") and "/usr/bin/chromium") or None
 
 
 def _healthy(url: str) -> bool:
@@ -42,7 +57,7 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _wait_healthy(url: str, process: subprocess.Popen, log_path: str, timeout_s: float = 90) -> None:
+def _wait_healthy(url: str, process: subprocess.Popen, log_path: str, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if _healthy(url):
@@ -54,57 +69,108 @@ def _wait_healthy(url: str, process: subprocess.Popen, log_path: str, timeout_s:
         raise RuntimeError(f"{url} did not become healthy; log:\n{f.read()[-3000:]}")
 
 
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process left in session ``sid`` (a worker's flow-run process and the Ray it started)."""
+    import psutil
+
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getsid(process.pid) == sid:
+                process.kill()
+
+
 @pytest.fixture(scope="module")
 def services(tmp_path_factory):
-    """A Prefect server (SQLite, own PREFECT_HOME) and an MLflow server, both on 127.0.0.1."""
+    """A Prefect server (SQLite, own PREFECT_HOME, UI on) on 127.0.0.1, and the pipeline's home for this module."""
     root = tmp_path_factory.mktemp("services")
-    prefect_port, mlflow_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS"))}
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS", "TRAINLIB_"))}
     env.update(PREFECT_HOME=str(root / "prefect_home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_UI_ENABLED="false")
-    logs = {name: str(root / f"{name}.log") for name in ("prefect", "mlflow")}
-    with open(logs["prefect"], "wb") as plog, open(logs["mlflow"], "wb") as mlog:
-        prefect_server = subprocess.Popen(
-            [f"{BIN}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-            stdout=plog, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        mlflow_server = subprocess.Popen(
-            [f"{BIN}/mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-             "--artifacts-destination", str(root / "mlartifacts"), "--host", "127.0.0.1", "--port", str(mlflow_port),
-             "--workers", "1"],
-            stdout=mlog, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+               PREFECT_UI_ENABLED="true", PREFECT_UI_API_URL=api_url)
+    log_path = str(root / "prefect.log")
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            [f"{BIN}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        api_url = f"http://127.0.0.1:{prefect_port}/api"
-        _wait_healthy(f"{api_url}/health", prefect_server, logs["prefect"])
-        _wait_healthy(f"http://127.0.0.1:{mlflow_port}/health", mlflow_server, logs["mlflow"])
-        client_env = dict(env, PREFECT_API_URL=api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false")
-        yield {"api_url": api_url, "mlflow_uri": f"http://127.0.0.1:{mlflow_port}", "env": client_env, "root": root}
+        _wait_healthy(f"{api_url}/health", server, log_path)
+        home = root / "trainlib_home"
+        client_env = dict(env, PREFECT_API_URL=api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false",
+                          TRAINLIB_HOME=str(home), PYTHONPATH=REPO_ROOT)
+        yield {"api_url": api_url, "ui_url": f"http://127.0.0.1:{port}", "env": client_env, "root": root,
+               "home": home, "mlflow_uri": f"sqlite:///{home}/mlflow.db", "results": {}}
     finally:
-        for process in (prefect_server, mlflow_server):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, 15)
-        for process in (prefect_server, mlflow_server):
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, 9)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
 
 
-def _api(services, path: str, body: dict | None = None):
+@pytest.fixture(scope="module")
+def deployed(services):
+    """The work pool and the deployments of prefect.yaml, on the module's server."""
+    _cli(services, "work-pool", "create", POOL, "--type", "process")
+    out = _cli(services, "--no-prompt", "deploy", "--all")
+    assert "fashion-mnist-retrain" in out
+    return services
+
+
+def _api(services, path: str, body: dict | None = None, method: str = "POST"):
     request = urllib.request.Request(services["api_url"] + path, data=json.dumps(body or {}).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+                                     headers={"Content-Type": "application/json"}, method=method)
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 
 
-def _cli(services, *args: str, timeout: float = 120) -> str:
+def _cli(services, *args: str, timeout: float = 120, check: bool = True) -> str:
     done = subprocess.run([f"{BIN}/prefect", *args], cwd=REPO_ROOT, env=services["env"], capture_output=True,
                           text=True, timeout=timeout)
-    assert done.returncode == 0, f"prefect {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    if check:
+        assert done.returncode == 0, f"prefect {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout + done.stderr
 
 
-def _flow_runs(services) -> dict[str, dict]:
-    return {run["id"]: run for run in _api(services, "/flow_runs/filter", {"limit": 200})}
+def _flow_run(services, flow_run_id: str) -> dict:
+    return _api(services, f"/flow_runs/{flow_run_id}", method="GET")
+
+
+def _steps_run(services, flow_run_id: str) -> dict:
+    """The Ray subflow (pipeline-steps) of a top-level flow run: the newest child of one of its task runs."""
+    parents = [t["id"] for t in _api(services, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})]
+    children = _api(services, "/flow_runs/filter", {"flow_runs": {"parent_task_run_id": {"any_": parents}}})
+    return max(children, key=lambda r: r["created"])
+
+
+def _task_runs(services, flow_run_id: str) -> list[dict]:
+    return _api(services, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+
+
+def _logs(services, **filters) -> list[str]:
+    body = {"logs": {k: {"any_": v} for k, v in filters.items()}, "limit": 200}
+    return [log["message"] for log in _api(services, "/logs/filter", body)]
+
+
+def _start_deployment_run(services, params: dict) -> str:
+    out = _cli(services, "deployment", "run", DEPLOYMENT, "--params", json.dumps({"params": params}))
+    return re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
+
+
+def _run_worker_once(services, timeout_s: float = 420) -> str:
+    """`prefect worker start --run-once` in its own session; every process it left behind is killed after."""
+    with open(services["root"] / "worker.log", "ab") as log:
+        worker = subprocess.Popen([f"{BIN}/prefect", "worker", "start", "--pool", POOL, "--run-once"],
+                                  cwd=REPO_ROOT, env=services["env"], stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        worker.wait(timeout=timeout_s)
+    finally:
+        _kill_session(worker.pid)
+    with open(services["root"] / "worker.log") as f:
+        return f.read()[-6000:]
 
 
 @contextlib.contextmanager
@@ -123,110 +189,277 @@ def _run_flow_in_process(services, ray_session, **params):
         return training_pipeline(PipelineParams(**params), return_state=True)
 
 
-@needs_data
-@pytest.mark.timeout(480)
-def test_deployment_runs_register_champion_and_challenger(services, tmp_path, ray_session):
+def _mlflow(services):
     from mlflow import MlflowClient
 
-    model_name = "fmnist-e2e"
-    base = {**SMALL, "mirrors": [FASHION_MNIST_MIRROR], "storage_path": str(tmp_path / "runs"),
-            "data_cache_dir": str(tmp_path / "cache"), "mlflow_tracking_uri": services["mlflow_uri"],
-            "model_name": model_name, "experiment_name": "fmnist-e2e"}
-    _cli(services, "work-pool", "create", POOL, "--type", "process")
-    out = _cli(services, "--no-prompt", "deploy", "--all")
-    assert "fashion-mnist-retrain" in out
+    return MlflowClient(tracking_uri=services["mlflow_uri"])
+
+
+# -- one home, one registry -------------------------------------------------------------------------
+
+
+@needs_data
+@pytest.mark.timeout(900)
+def test_main_command_and_scheduled_deployment_share_one_registry(deployed):
+    services = deployed
+    model_name = "fashion-mnist-resnet18"  # the default: neither run names a registry or a model
+    small = {**SMALL, "mirrors": [FASHION_MNIST_MIRROR], "epochs": 1}
+
+    # 1. `make run`: the main command, on the module's Prefect server, with TRAINLIB_HOME as its only hint.
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]
+    done = subprocess.run([sys.executable, "-m", "flows.main", "--mirrors", FASHION_MNIST_MIRROR, "--epochs", "1",
+                           *args], cwd=REPO_ROOT, env=services["env"], capture_output=True, text=True, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    assert f"{model_name} version 1: no champion yet" in out
+    # Rank 0's progress reached the terminal, from the flow process (no Ray prefix on those lines).
+    progress_lines = [line for line in out.splitlines() if "Training: epoch 1/1, step" in line]
+    assert progress_lines and not any("pid=" in line for line in progress_lines), out[-4000:]
+    assert "images/s" in progress_lines[-1] and "ETA" in progress_lines[-1]
+    ray_prefixed = [line for line in out.splitlines() if "pid=" in line]
+    assert len(ray_prefixed) < 60, "\n".join(ray_prefixed)  # the task logs, not a flood from every worker
+    first_run_id = re.search(r"/runs/flow-run/([0-9a-f-]{36})", out).group(1)
+    assert (services["home"] / "mlflow.db").is_file() and (services["home"] / "runs").is_dir()
+
+    # 2. The scheduled deployment, through a worker; only the data and size are passed, no location.
     [deployment] = [d for d in _api(services, "/deployments/filter", {}) if d["name"] == DEPLOYMENT.split("/")[1]]
     assert deployment["enforce_parameter_schema"] is True
-    limit = deployment.get("concurrency_limit") or (deployment.get("global_concurrency_limit") or {}).get("limit")
-    assert limit == 1, {k: v for k, v in deployment.items() if "concurrency" in k}
     assert (deployment.get("concurrency_options") or {}).get("collision_strategy") == "ENQUEUE"
     [schedule] = deployment["schedules"]
     assert schedule["schedule"]["cron"] == "0 3 * * 1" and schedule["schedule"]["timezone"] == "Europe/Berlin"
+    flow_run_id = _start_deployment_run(services, {**small, "lr": 0.0})  # lr=0: the initial weights, worse
+    worker_log = _run_worker_once(services)
+    top = _flow_run(services, flow_run_id)
+    assert top["state_type"] == "COMPLETED", f"{top['state']['message']}\n{worker_log}"
+    assert re.fullmatch(rf"{model_name}-\d{{4}}-\d\d-\d\d-\d{{4}}", top["name"]), top["name"]
 
-    def run_deployment(**overrides) -> dict:
-        out = _cli(services, "deployment", "run", DEPLOYMENT, "--params",
-                   json.dumps({"params": {**base, "epochs": 1, **overrides}}))
-        flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
-        started = time.monotonic()
-        worker_output = _cli(services, "worker", "start", "--pool", POOL, "--run-once", timeout=300)
-        print(f"deployment run took {time.monotonic() - started:.1f} s")
-        runs = _flow_runs(services)
-        top = runs[flow_run_id]
-        assert top["state_type"] == "COMPLETED", f"{top['state']['message']}\n{worker_output[-6000:]}"
-        # The Ray subflow: a child of a task run of this flow run.
-        parents = {t["id"] for t in _api(services, "/task_runs/filter",
-                                         {"flow_runs": {"id": {"any_": [flow_run_id]}}})}
-        [steps] = [r for r in runs.values() if r["parent_task_run_id"] in parents]
-        return {"top": top, "steps": steps}
-
-    first = run_deployment()
-    # Every task run reached this server: the four steps, each COMPLETED, in the Ray subflow.
-    steps_run = first["steps"]
-    assert steps_run["state_type"] == "COMPLETED"
-    tasks = _api(services, "/task_runs/filter", {"flow_runs": {"id": {"any_": [steps_run["id"]]}}})
-    assert sorted(t["name"].rsplit("-", 1)[0] for t in tasks) == ["download-dataset", "evaluate", "register", "train"]
-    assert {t["state_type"] for t in tasks} == {"COMPLETED"}
-    # Rank 0's reports reached the Prefect logs of the train task; artifacts a person can read exist.
-    train_run = next(t for t in tasks if t["name"].startswith("train-"))
-    logs = _api(services, "/logs/filter", {"logs": {"task_run_id": {"any_": [train_run["id"]]}}, "limit": 200})
-    assert any("rank 0 report 1" in log["message"] and "val_accuracy" in log["message"] for log in logs)
-    artifact_keys = {a["key"] for a in _api(services, "/artifacts/filter", {}) if a["key"]}
-    assert {f"evaluation-{model_name}", f"per-class-accuracy-{model_name}", f"model-registry-{model_name}"} \
-        <= artifact_keys
-
-    client = MlflowClient(tracking_uri=services["mlflow_uri"])
-    v1 = client.get_model_version_by_alias(model_name, "champion")
-    assert v1.version == "1" and client.get_model_version_by_alias(model_name, "challenger").version == "1"
-    run = client.get_run(v1.run_id)
-    for key in ("loss", "val_accuracy", "test_accuracy", "test_loss", "test_accuracy_class_0"):
-        assert key in run.data.metrics, key
-    evaluation = {os.path.basename(a.path) for a in client.list_artifacts(v1.run_id, "evaluation")}
-    assert {"confusion_matrix.png", "learning_curve.png", "test_report.md"} <= evaluation
-    first_accuracy = float(v1.tags["test_accuracy"])
-    assert first_accuracy == pytest.approx(run.data.metrics["test_accuracy"], abs=1e-6)
+    client = _mlflow(services)
+    champion = client.get_model_version_by_alias(model_name, "champion")
+    challenger = client.get_model_version_by_alias(model_name, "challenger")
+    assert (str(champion.version), str(challenger.version)) == ("1", "2")
+    # Judged against the first run's champion, in the same registry.
+    assert challenger.tags["previous_champion_version"] == "1"
+    assert challenger.tags["promotion_decision"] == "kept_champion"
+    assert float(challenger.tags["previous_champion_test_accuracy"]) == pytest.approx(
+        float(champion.tags["test_accuracy"]), abs=1e-6)
+    assert client.get_run(champion.run_id).info.experiment_id == client.get_run(challenger.run_id).info.experiment_id
+    assert challenger.tags["test_data_md5"] == champion.tags["test_data_md5"]  # scored on the same images
     # Lineage: the data set is the run's input, the usual source tags, one checkpoint copy (the best), the recipe.
+    run = client.get_run(champion.run_id)
     [dataset_input] = run.inputs.dataset_inputs
-    assert dataset_input.dataset.name == "fashion-mnist" and v1.tags["dataset_md5"] == dataset_input.dataset.digest
+    assert dataset_input.dataset.name == "fashion-mnist" and champion.tags["dataset_md5"] == dataset_input.dataset.digest
     assert run.data.tags["mlflow.source.name"] == "flows.pipeline:training-pipeline" and "mlflow.user" in run.data.tags
     if os.path.exists(os.path.join(REPO_ROOT, ".git")):
         assert len(run.data.tags["mlflow.source.git.commit"]) == 40
-    assert len(client.list_artifacts(v1.run_id, "checkpoints")) == 1
-    assert v1.tags["recipe"] == "augmented" and v1.tags["previous_champion_version"] == "none"
+    assert len(client.list_artifacts(champion.run_id, "checkpoints")) == 1
+    assert champion.tags["recipe"] == "augmented"
 
-    # A worse model (lr=0: the initial weights) becomes challenger, not champion. This run goes
-    # in-process on the test's Ray to save a second worker, flow process and Ray start-up.
-    state = _run_flow_in_process(services, ray_session, **{**base, "lr": 0.0, "epochs": 1})
-    assert state.is_completed(), state.message
-    steps2 = next(r for r in _flow_runs(services).values()
-                  if r["parent_task_run_id"] in {t["id"] for t in _api(services, "/task_runs/filter", {
-                      "flow_runs": {"id": {"any_": [str(state.state_details.flow_run_id)]}}})})
-    download2 = next(t for t in _api(services, "/task_runs/filter", {"flow_runs": {"id": {"any_": [steps2["id"]]}}})
-                     if t["name"].startswith("download-dataset-"))
-    logs2 = _api(services, "/logs/filter", {"logs": {"task_run_id": {"any_": [download2["id"]]}}})
-    assert any("4 file(s) from the cache" in log["message"] for log in logs2)  # nothing downloaded again
-    v2 = client.get_model_version_by_alias(model_name, "challenger")
-    assert v2.version == "2"
-    assert float(v2.tags["test_accuracy"]) < first_accuracy
-    assert v2.tags["promotion_decision"] == "kept_champion"
-    # The champion was scored again in run 2, on the same test images: the same accuracy as in run 1.
-    assert float(v2.tags["previous_champion_test_accuracy"]) == pytest.approx(first_accuracy, abs=1e-6)
-    assert v2.tags["test_data_md5"] == v1.tags["test_data_md5"]
-    assert client.get_model_version_by_alias(model_name, "champion").version == "1"
+    # Every task run reached the server; the artifacts a person reads exist; nothing was downloaded again.
+    steps = _steps_run(services, flow_run_id)
+    tasks = _task_runs(services, steps["id"])
+    assert sorted(t["name"].rsplit("-", 1)[0] for t in tasks) == ["download-dataset", "evaluate", "register", "train"]
+    assert {t["state_type"] for t in tasks} == {"COMPLETED"}
+    download = next(t for t in tasks if t["name"].startswith("download-dataset-"))
+    assert any("4 file(s) from the cache" in m for m in _logs(services, task_run_id=[download["id"]]))
+    train = next(t for t in tasks if t["name"].startswith("train-"))
+    assert any("rank 0 report 1" in m and "val_accuracy" in m for m in _logs(services, task_run_id=[train["id"]]))
+    artifacts = {}  # the latest of each key
+    for artifact in _api(services, "/artifacts/filter", {"sort": "CREATED_DESC"}):
+        artifacts.setdefault(artifact["key"], artifact)
+    assert {f"evaluation-{model_name}", f"per-class-accuracy-{model_name}", f"model-registry-{model_name}",
+            f"training-progress-{model_name}", "mlflow-run-fashion-mnist"} <= set(artifacts)
+    assert artifacts[f"training-progress-{model_name}"]["data"] == pytest.approx(100.0)
+    link = artifacts["mlflow-run-fashion-mnist"]["data"]
+    assert f"/runs/{challenger.run_id}" in link
+    services["results"]["ui_run"] = (steps["id"], model_name, "fashion-mnist")
 
-    # A run that fails mid-pipeline (more workers than the cluster holds) leaves the champion alone.
-    started = time.monotonic()
-    state = _run_flow_in_process(services, ray_session, **{**base, "num_workers": 64, "epochs": 1})
-    assert state.is_failed()
-    assert "ResourcesUnavailableError" in state.message or "can hold at most" in state.message, state.message
-    assert time.monotonic() - started < 60
-    assert client.get_model_version_by_alias(model_name, "champion").version == "1"
-    assert client.get_model_version_by_alias(model_name, "challenger").version == "2"
+
+def test_bad_deployment_parameters_are_refused_by_the_server(deployed):
+    for params, words in [({"epochs": 0}, ["epochs"]), ({"dataset": "cifar10"}, ["dataset", "fashion-mnist"]),
+                          ({"epoch": 2}, ["epoch"]), ({"num_workers": "two"}, ["num_workers"])]:
+        out = _cli(deployed, "deployment", "run", DEPLOYMENT, "--params", json.dumps({"params": params}), check=False)
+        assert "UUID" not in out, out  # no flow run was created
+        for word in words:
+            assert word in out, out
+
+
+# -- retries resume -----------------------------------------------------------------------------------
+
+
+def _metrics_epochs(run_folder) -> list[int]:
+    path = run_folder / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    epochs = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):  # a line being appended right now
+            epochs.append(json.loads(line)["metrics"]["epoch"])
+    return epochs
+
+
+def _flow_run_process(worker_pid: int, flow_run_id: str):
+    import psutil
+
+    for child in psutil.Process(worker_pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.environ().get("PREFECT__FLOW_RUN_ID") == flow_run_id:
+                return child
+    return None
+
+
+@needs_data
+@pytest.mark.timeout(900)
+def test_killed_deployment_run_resumes_from_its_checkpoint_when_retried(deployed):
+    services = deployed
+    model_name = "fmnist-resume"
+    params = {**SMALL, "limit": 1024, "mirrors": [FASHION_MNIST_MIRROR], "epochs": 3, "model_name": model_name,
+              "experiment_name": "fmnist-resume"}
+    flow_run_id = _start_deployment_run(services, params)
+    run_folder = services["home"] / "runs" / f"{model_name}-{flow_run_id[:8]}"
+
+    # The first attempt: SIGKILL its flow-run process (the Ray driver) during epoch 2 of 3.
+    with open(services["root"] / "worker.log", "ab") as log:
+        worker = subprocess.Popen([f"{BIN}/prefect", "worker", "start", "--pool", POOL, "--run-once"],
+                                  cwd=REPO_ROOT, env=services["env"], stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while _metrics_epochs(run_folder) != [0]:
+            assert time.monotonic() < deadline and worker.poll() is None, "epoch 1 never committed"
+            time.sleep(0.1)
+        time.sleep(1.0)  # inside epoch 2 (an epoch takes several seconds here)
+        process = _flow_run_process(worker.pid, flow_run_id)
+        assert process is not None
+        process.kill()
+        killed_during = _metrics_epochs(run_folder)
+        worker.wait(timeout=120)
+    finally:
+        _kill_session(worker.pid)
+    assert killed_during == [0], f"the kill came after epoch 2 was committed: {killed_during}"
+    deadline = time.monotonic() + 60
+    while _flow_run(services, flow_run_id)["state_type"] != "CRASHED":
+        assert time.monotonic() < deadline, _flow_run(services, flow_run_id)["state"]
+        time.sleep(0.5)
+
+    # The retry (as the UI's Retry button): the same flow run continues its training run.
+    _cli(services, "flow-run", "retry", flow_run_id)
+    worker_log = _run_worker_once(services)
+    top = _flow_run(services, flow_run_id)
+    assert top["state_type"] == "COMPLETED", f"{top['state']['message']}\n{worker_log}"
+    assert _metrics_epochs(run_folder) == [0, 1, 2]  # no epoch trained twice; epoch 2's lost part redone once
+    steps = _steps_run(services, flow_run_id)
+    train = next(t for t in _task_runs(services, steps["id"]) if t["name"].startswith("train-"))
+    train_logs = _logs(services, task_run_id=[train["id"]])
+    # trainlib's own warning reached the task run's log; training went on from the committed checkpoint.
+    assert any("resuming it from" in m and "checkpoint_000001" in m for m in train_logs), train_logs
+    assert any("resuming from" in m for m in train_logs), train_logs
+    # Rank 0's progress within an epoch reached the flow run's log (so the terminal and the UI).
+    progress = [m for m in _logs(services, flow_run_id=[steps["id"]]) if m.startswith("Training: epoch")]
+    assert any(re.search(r"step ([1-9]\d*)/(\d+) \(", m) and not re.search(r"step (\d+)/\1 ", m) for m in progress), \
+        progress
+    client = _mlflow(services)
+    versions = client.search_model_versions(f"name = '{model_name}'")
+    assert [str(v.version) for v in versions] == ["1"]  # registered once
+    runs = client.search_runs([client.get_experiment_by_name("fmnist-resume").experiment_id])
+    assert len(runs) == 1 and runs[0].data.tags["trainlib.resumed"] == "1"
+    assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "val_accuracy")) == [1, 2, 3]
+    services["results"]["ui_run"] = (steps["id"], model_name, "fmnist-resume")
+
+
+# -- alerts ----------------------------------------------------------------------------------------------
+
+
+class _Receiver(http.server.ThreadingHTTPServer):
+    """A local HTTP endpoint that keeps every JSON body posted to it."""
+
+    def __init__(self):
+        self.bodies: list[dict] = []
+        self.received = threading.Event()
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.bodies.append(json.loads(body or b"{}"))
+                receiver.received.set()
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+@needs_data
+def test_failed_run_notifies_the_webhook_and_emits_training_failed(services, ray_session, tmp_path):
+    from deployments.alerts import configure_alerts, save_webhook_block
+
+    receiver = _Receiver()
+    thread = threading.Thread(target=receiver.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with _prefect_in_process(services):
+            block_id = save_webhook_block(f"http://127.0.0.1:{receiver.server_port}/alerts", allow_private_urls=True)
+            configure_alerts(block_id)
+        started = time.monotonic()
+        state = _run_flow_in_process(services, ray_session, **SMALL, num_workers=64, epochs=1,
+                                     mirrors=[FASHION_MNIST_MIRROR], model_name="fmnist-alerts",
+                                     storage_path=str(tmp_path / "runs"), data_cache_dir=str(tmp_path / "cache"))
+        assert state.is_failed()
+        assert "can hold at most" in state.message or "ResourcesUnavailableError" in state.message, state.message
+        assert time.monotonic() - started < 120
+        assert receiver.received.wait(90), "no notification arrived"
+        flow_run = _flow_run(services, str(state.state_details.flow_run_id))
+        [body] = [b for b in receiver.bodies if flow_run["name"] in b.get("body", "")]
+        assert "Failed" in body["subject"] and flow_run["name"] in body["subject"]
+        assert "entered state Failed" in body["body"] and "can hold at most" in body["body"], body
+        events = _api(services, "/events/filter", {"filter": {"event": {"prefix": ["trainlib."]}}, "limit": 50})
+        failed = [e for e in events["events"] if e["event"] == "trainlib.training.failed"]
+        assert failed and "can hold at most" in failed[0]["payload"]["message"]
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+
+
+# -- the Prefect UI ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed: apt-get install -y chromium")
+def test_flow_run_page_shows_task_runs_and_artifacts(services):
+    from playwright.sync_api import sync_playwright
+
+    if "ui_run" not in services["results"]:
+        pytest.skip("needs a pipeline run of an earlier test in this module")
+    steps_id, model_name, experiment = services["results"]["ui_run"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), headless=True,
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page.goto(f"{services['ui_url']}/runs/flow-run/{steps_id}")
+            page.get_by_text("Completed").first.wait_for(timeout=UI_TIMEOUT_MS)
+            page.get_by_text("4 Task runs").first.wait_for(timeout=UI_TIMEOUT_MS)
+            page.get_by_text("Task Runs", exact=True).first.click()  # the tabs under the run's graph
+            for name in ("download-dataset-", "train-", "evaluate-", "register-"):
+                page.get_by_text(re.compile(f"^{name}[0-9a-f]+$")).first.wait_for(timeout=UI_TIMEOUT_MS)
+            page.screenshot(path=os.path.join(REPO_ROOT, "docs", "prefect_flow_run.png"), full_page=True)
+            page.get_by_text("Artifacts", exact=True).first.click()
+            for key in (f"evaluation-{model_name}", f"model-registry-{model_name}", f"training-progress-{model_name}",
+                        f"mlflow-run-{experiment}"):
+                page.get_by_text(key, exact=True).first.wait_for(timeout=UI_TIMEOUT_MS)
+        finally:
+            browser.close()
+
+
+# -- bad input ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("params, expected", [
     ({"dataset": "cifar10"}, ["dataset", "fashion-mnist"]),
     ({"epochs": 0}, ["epochs", "greater than 0"]),
     ({"num_workers": 0}, ["num_workers", "greater than or equal to 1"]),
+    ({"epoch": 3}, ["unknown parameter 'epoch'", "did you mean 'epochs'"]),
 ])
 def test_invalid_parameters_fail_before_any_task(services, ray_session, tmp_path, params, expected):
     from flows.pipeline import training_pipeline
@@ -236,9 +469,9 @@ def test_invalid_parameters_fail_before_any_task(services, ray_session, tmp_path
     assert state.is_failed()
     for word in expected:
         assert word in state.message, state.message
-    runs = [r for r in _flow_runs(services).values() if r["id"] == str(state.state_details.flow_run_id)]
-    assert runs and runs[0]["state_type"] == "FAILED"
-    assert not _api(services, "/task_runs/filter", {"flow_runs": {"id": {"any_": [runs[0]["id"]]}}})
+    run = _flow_run(services, str(state.state_details.flow_run_id))
+    assert run["state_type"] == "FAILED"
+    assert not _task_runs(services, run["id"])
 
 
 @needs_data
@@ -247,8 +480,6 @@ def test_corrupt_mirror_file_names_file_and_both_checksums(services, ray_session
     shutil.copytree(FASHION_MNIST_MIRROR, mirror)
     corrupt = mirror / "train-labels-idx1-ubyte.gz"
     corrupt.write_bytes(gzip.compress(b"not the labels", mtime=0))
-    import hashlib
-
     actual = hashlib.md5(corrupt.read_bytes()).hexdigest()
     state = _run_flow_in_process(services, ray_session, mirrors=[str(mirror)], storage_path=str(tmp_path / "runs"),
                                  data_cache_dir=str(tmp_path / "cache"), **SMALL)

@@ -192,3 +192,99 @@ def test_trainlib_and_the_domain_code_never_import_prefect(package):
                 with open(os.path.join(folder, name)) as f:
                     text = f.read()
                 assert "import prefect" not in text and "from prefect" not in text, name
+
+
+def _main_command(tmp_path, *args):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TRAINLIB_", "MLFLOW_"))}
+    env.update(TRAINLIB_HOME=str(tmp_path / "home"), PYTHONPATH=REPO_ROOT)
+    done = subprocess.run([sys.executable, "-m", "flows.main", *args], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_main_command_refuses_an_unknown_option_before_starting_anything(tmp_path):
+    code, out = _main_command(tmp_path, "--epoch", "3")
+    assert code == 2
+    assert "unknown option --epoch: did you mean --epochs?" in out and "--help" in out
+    assert not (tmp_path / "home").exists()  # no server, no store, nothing started
+
+
+def test_main_command_names_every_bad_option_and_what_it_allows(tmp_path):
+    code, out = _main_command(tmp_path, "--epochs", "0", "--dataset", "cifar10", "--num-workers", "two",
+                              "--lr", "-1")
+    assert code == 2, out
+    assert "--epochs '0'" in out and "an integer > 0 and <= 1000" in out
+    assert "--dataset 'cifar10'" in out and "one of 'fashion-mnist', 'mnist'" in out
+    assert "--num-workers 'two'" in out and "valid integer" in out
+    assert "--lr '-1'" in out
+    assert "Traceback" not in out and not (tmp_path / "home").exists()
+
+
+def test_cli_options_are_the_parameter_model():
+    from flows.main import build_parser, parse_params
+    from flows.params import PipelineParams
+
+    options = {a.dest for a in build_parser()._actions if a.option_strings and a.dest != "help"}
+    assert options == set(PipelineParams.model_fields) | {"home", "prefect_port"}
+    params, _ = parse_params(["--epochs", "2", "--mirrors", "/a", "--mirrors", "s3://b/c", "--no-use-gpu",
+                              "--num-to-keep", "none"])
+    assert params == PipelineParams(epochs=2, mirrors=["/a", "s3://b/c"], use_gpu=False, num_to_keep=None)
+    assert parse_params([])[0] == PipelineParams()  # the defaults are the model's
+
+
+def test_every_entry_point_resolves_the_same_home(tmp_path, monkeypatch):
+    from flows.params import PipelineParams
+    from flows.pipeline import resolve_run
+    from tasks.domain.home import PipelineHome
+
+    for name in ("TRAINLIB_STORAGE_PATH", "TRAINLIB_DATA_CACHE", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TRAINLIB_HOME", str(tmp_path))
+    home = PipelineHome.resolve()
+    assert home == PipelineHome(root=str(tmp_path), storage_path=str(tmp_path / "runs"),
+                                data_cache=str(tmp_path / "datasets"),
+                                mlflow_tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    assert home.mlflow_artifacts == str(tmp_path / "mlartifacts") and home.prefect_home == str(tmp_path / "prefect")
+    run = resolve_run(PipelineParams(), "0123456789abcdef", home)
+    assert run.training.storage_path == home.storage_path and run.mlflow_tracking_uri == home.mlflow_tracking_uri
+    assert run.training.run_name == "fashion-mnist-resnet18-01234567"  # stable for the flow run: retries resume
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
+    monkeypatch.setenv("TRAINLIB_STORAGE_PATH", "s3://bucket/runs")
+    team = PipelineHome.resolve()
+    assert (team.mlflow_tracking_uri, team.storage_path, team.mlflow_artifacts) == (
+        "http://mlflow:5000", "s3://bucket/runs", None)
+    explicit = resolve_run(PipelineParams(storage_path="/data/runs", run_name="mine"), "x" * 36, team)
+    assert explicit.training.storage_path == "/data/runs" and explicit.training.run_name == "mine"
+
+
+def test_progress_meter_publishes_at_most_every_interval_and_the_last_step():
+    from tasks.domain.progress import EpochProgress, ProgressMeter
+
+    class Sink:
+        def __init__(self):
+            self.seen: list[EpochProgress] = []
+
+        def publish(self, progress):
+            self.seen.append(progress)
+
+    now = [100.0]
+    sink = Sink()
+    meter = ProgressMeter(sink, epochs=3, steps=10, world_size=2, interval_s=2.0, clock=lambda: now[0])
+    meter.start_epoch(1)
+    for _ in range(10):
+        now[0] += 0.5
+        meter.step(32)
+    assert [p.step for p in sink.seen] == [0, 4, 8, 10]  # start, every 2 s, and the epoch's last step
+    last = sink.seen[-1]
+    assert last.images_per_s == pytest.approx(10 * 32 * 2 / 5.0) and last.eta_s == 0
+    assert last.run_fraction == pytest.approx(2 / 3)
+    assert sink.seen[1].describe() == "epoch 2/3, step 4/10 (40%), 128 images/s, epoch ETA 0:03"
+
+    class Broken:
+        def publish(self, progress):
+            raise ConnectionError("board gone")
+
+    ProgressMeter(Broken(), epochs=1, steps=1, world_size=1).start_epoch(0)  # never raises into training
