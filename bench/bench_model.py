@@ -188,6 +188,7 @@ def main() -> None:
         if server.pid:
             os.kill(server.pid, signal.SIGTERM)  # the Prefect server this benchmark started
 
+
 def _write_markdown(result: dict, out: str) -> None:
     machine = result["machine"]
     missing = "not measured (see errors)"
