@@ -76,7 +76,7 @@ def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry
     report2, champion2, tie = _evaluate_and_register(registry, weak, "weak-again", min_margin=0.0)
     assert champion2.version == "1" and champion2.accuracy == pytest.approx(report2.accuracy, abs=1e-12)
     assert champion2.accuracy == pytest.approx(report1.accuracy, abs=1e-12)  # same images, same model
-    assert not tie.decision.promote and client.get_model_version_by_alias(MODEL_NAME, "champion").version == "1"
+    assert not tie.decision.promote and str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) == "1"
     tags = client.get_model_version(MODEL_NAME, tie.version).tags
     assert tags["promotion_decision"] == "kept_champion" and float(tags["promotion_margin"]) == 0.0
     assert tags["test_data_md5"] == "test-md5" and tags["previous_champion_version"] == "1"
@@ -86,13 +86,13 @@ def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry
     win = report3.accuracy - champion3.accuracy
     assert 0 < win < 0.99, (report3.accuracy, champion3.accuracy)
     assert not below.decision.promote and "champion kept" in below.decision.reason
-    assert client.get_model_version_by_alias(MODEL_NAME, "champion").version == "1"
-    assert client.get_model_version_by_alias(MODEL_NAME, "challenger").version == below.version
+    assert str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) == "1"
+    assert str(client.get_model_version_by_alias(MODEL_NAME, "challenger").version) == below.version
 
     # The same win with a margin it clears: the champion moves; both accuracies and the margin are tags.
     _, champion4, promoted = _evaluate_and_register(registry, strong, "strong", min_margin=win / 2)
     assert promoted.decision.promote
-    assert client.get_model_version_by_alias(MODEL_NAME, "champion").version == promoted.version
+    assert str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) == promoted.version
     tags = client.get_model_version(MODEL_NAME, promoted.version).tags
     assert float(tags["previous_champion_test_accuracy"]) == pytest.approx(champion4.accuracy, abs=1e-6)
     assert float(tags["promotion_margin"]) == pytest.approx(win, abs=1e-6)
