@@ -102,7 +102,7 @@ def score_champion(model_name: str, tracking_uri: str, images: torch.Tensor, lab
         predicted = model.predict(images.numpy())["label"].to_numpy()
     except Exception as exc:  # noqa: BLE001 - any failure means "cannot be compared", with the reason kept
         return ChampionScore(version=version, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
-    accuracy = float((torch.from_numpy(predicted) == labels).double().mean())
+    accuracy = float((torch.as_tensor(predicted.copy()) == labels).double().mean())
     return ChampionScore(version=version, accuracy=accuracy)
 
 
