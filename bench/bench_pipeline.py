@@ -1,6 +1,6 @@
 """Benchmark of the whole pipeline on the real FashionMNIST (not run in CI: it trains for real).
 
-    python bench/bench_pipeline.py --epochs 1 [--limit 2048] [--mirror ../shared/datasets/fashion-mnist]
+    python bench/bench_pipeline.py --epochs 1 [--limit 2048] [--recipe augmented|tutorial] [--mirror ../shared/datasets/fashion-mnist]
 
 For each epoch count, one pipeline run as `make run` does it (embedded Prefect server, local Ray,
 MLflow SQLite store in a fresh home, the tutorial's settings: ResNet18, Adam 1e-3, batch 128 per
@@ -114,6 +114,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N training images only (busy machine)")
     parser.add_argument("--test-limit", type=int, default=None, help="first N test images only")
     parser.add_argument("--tag", default="pipeline", help="results file name (default: %(default)s)")
+    parser.add_argument("--recipe", default="augmented", choices=["augmented", "tutorial"],
+                        help="training recipe (default: %(default)s)")
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"))
     args = parser.parse_args()
     epochs_list = args.epochs or [1]
@@ -139,11 +141,11 @@ def main() -> None:
                 summary = training_pipeline(PipelineParams(
                     mirrors=[os.path.abspath(args.mirror)], epochs=epochs, num_workers=args.num_workers,
                     experiment_name="bench", model_name=f"bench-{epochs}ep", limit=args.limit,
-                    test_limit=args.test_limit))
+                    test_limit=args.test_limit, recipe=args.recipe))
             wall = time.perf_counter() - started
             train_start, train_end = summary.stage_windows["train"]
             runs.append({
-                "epochs": epochs, "limit": args.limit, "test_limit": args.test_limit, "pipeline_wall_s": wall,
+                "epochs": epochs, "recipe": args.recipe, "limit": args.limit, "test_limit": args.test_limit, "pipeline_wall_s": wall,
                 "stage_seconds": summary.stage_seconds, "fit_seconds": summary.fit_seconds,
                 "overhead_beyond_fit_s": wall - summary.fit_seconds, "test_accuracy": summary.test_accuracy,
                 "test_loss": summary.test_loss, "training_metrics": summary.training_metrics,

@@ -9,5 +9,8 @@ DEPLOYMENT_NAME = "fashion-mnist-retrain"
 WORK_POOL = "trainlib-process"
 SCHEDULE_CRON = "0 3 * * 1"
 SCHEDULE_TIMEZONE = "Europe/Berlin"
+SCORE_FLOW_NAME = "score-images"
+SCORE_DEPLOYMENT_NAME = "score-images"
 
-__all__ = ["DEPLOYMENT_NAME", "FLOW_NAME", "SCHEDULE_CRON", "SCHEDULE_TIMEZONE", "WORK_POOL"]
+__all__ = ["DEPLOYMENT_NAME", "FLOW_NAME", "SCHEDULE_CRON", "SCHEDULE_TIMEZONE", "SCORE_DEPLOYMENT_NAME",
+           "SCORE_FLOW_NAME", "WORK_POOL"]

@@ -22,6 +22,8 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tasks.domain.dataset_registry import DATASET_NAMES
+from tasks.domain.promotion import DEFAULT_MIN_MARGIN
+from tasks.domain.recipe import DEFAULT_RECIPE, RecipeName
 
 DatasetName = Literal[DATASET_NAMES]  # type: ignore[valid-type]  # the registry's names, nowhere else
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -41,7 +43,11 @@ class PipelineParams(BaseModel):
         None, description="Base URLs or folders to fetch the data set from, tried in order (default: "
                           "$TRAINLIB_DATA_MIRRORS, else the official internet mirrors).")
     epochs: int = Field(1, gt=0, le=1000, description="Training epochs.")
-    lr: float = Field(1e-3, ge=0, le=10, description="Adam learning rate (0 trains nothing: a baseline).")
+    recipe: RecipeName = Field(DEFAULT_RECIPE, description="Training recipe: 'augmented' (SGD, one-cycle LR, weight "
+                                                           "decay, label smoothing, crops and flips) or 'tutorial' "
+                                                           "(the Ray Train tutorial's Adam at 1e-3).")
+    lr: Optional[float] = Field(None, ge=0, le=10, description="(Peak) learning rate (default: the recipe's; 0 "
+                                                               "trains nothing: a baseline).")
     batch_size: int = Field(128, gt=0, le=65536, description="Batch size per worker.")
     num_workers: int = Field(2, ge=1, le=4096, description="DDP workers, one process each.")
     use_gpu: bool = Field(False, description="Train on one GPU per worker.")
@@ -63,6 +69,9 @@ class PipelineParams(BaseModel):
                           "sqlite:///$TRAINLIB_HOME/mlflow.db).")
     experiment_name: str = Field("fashion-mnist", min_length=1, max_length=200,
                                  description="MLflow experiment.")
+    min_margin: float = Field(DEFAULT_MIN_MARGIN, ge=0, lt=1,
+                              description="How much higher (absolute test accuracy, e.g. 0.005) the new version must "
+                                          "score than the champion on the same images to replace it.")
     model_name: str = Field("fashion-mnist-resnet18", pattern=NAME_PATTERN, max_length=200,
                             description="Registered model name in MLflow.")
     run_name: Optional[str] = Field(

@@ -25,7 +25,10 @@ from flows.progress_display import ProgressDisplay
 from flows.task_runner import check_cluster_reach, cluster_address, current_api_url, make_task_runner, ray_worker_env
 from tasks.artifacts import artifact_key
 from tasks.domain.home import PipelineHome
+from tasks.domain.lineage import dataset_identity, source_tags
+from tasks.domain.model_package import ModelCard
 from tasks.domain.progress import BoardSink, ProgressBoard
+from tasks.domain.recipe import get_recipe
 from tasks.domain.training_run import TrainingSettings
 from tasks.domain.urls import expand_path, join_url, mask_url
 from tasks.download import download_dataset
@@ -77,6 +80,8 @@ class PipelineSummary:
         model_name, model_version, champion_version: the registered version and the champion after this run.
         promoted, decision: whether the new version became champion, and why (a sentence).
         test_accuracy, test_loss: the evaluation on the test split.
+        champion_test_accuracy: the previous champion's accuracy on the same images (None: there was none).
+        recipe: the training recipe's name.
         downloaded_files: data-set files fetched from a mirror by this run (empty: all from the cache).
         training_metrics: the last report's metrics.
         fit_seconds: trainlib's ``fit()`` wall time (0 when a finished training was read back).
@@ -94,6 +99,8 @@ class PipelineSummary:
     decision: str
     test_accuracy: float
     test_loss: float
+    champion_test_accuracy: float | None
+    recipe: str
     downloaded_files: list[str]
     training_metrics: dict[str, Any]
     fit_seconds: float
@@ -107,7 +114,8 @@ def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) ->
     cache = expand_path(params.data_cache_dir or home.data_cache)
     training = TrainingSettings(
         run_name=run_name, storage_path=expand_path(params.storage_path or home.storage_path), node_cache_dir=cache,
-        epochs=params.epochs, lr=params.lr, batch_size=params.batch_size, num_workers=params.num_workers,
+        epochs=params.epochs, recipe=get_recipe(params.recipe, params.lr), batch_size=params.batch_size,
+        num_workers=params.num_workers,
         use_gpu=params.use_gpu, num_to_keep=params.num_to_keep,
         checkpoint_score_attribute=params.checkpoint_score_attribute or None, max_failures=params.max_failures,
         limit=params.limit, seed=params.seed, placement_timeout_s=params.placement_timeout_s,
@@ -115,7 +123,8 @@ def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) ->
     return PipelineRun(
         params=params, training=training, data_cache_dir=cache,
         mlflow_tracking_uri=params.mlflow_tracking_uri or home.mlflow_tracking_uri,
-        tags={"prefect.flow_run_id": flow_run_id, "dataset": params.dataset, "trainlib.run_name": run_name})
+        tags={"prefect.flow_run_id": flow_run_id, "dataset": params.dataset, "trainlib.run_name": run_name,
+              "recipe": params.recipe, **source_tags(f"flows.pipeline:{FLOW_NAME}")})
 
 
 @flow(name="pipeline-steps")
@@ -151,13 +160,15 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
     seconds["train"], windows["train"] = time.perf_counter() - started, (wall, time.time())
 
     started, wall = time.perf_counter(), time.time()
-    report = evaluate.submit(training, staged, run.data_cache_dir, params.test_limit, run.mlflow_tracking_uri,
-                             params.model_name).result()
+    comparison = evaluate.submit(training, staged, run.data_cache_dir, params.test_limit, run.mlflow_tracking_uri,
+                                 params.model_name).result()
+    report = comparison.report
     seconds["evaluate"], windows["evaluate"] = time.perf_counter() - started, (wall, time.time())
 
     started, wall = time.perf_counter(), time.time()
-    registration = register.submit(training, report, params.model_name, run.mlflow_tracking_uri,
-                                   run.tags).result()
+    card = ModelCard(dataset=dataset_identity(staged), recipe=run.training.recipe.record())
+    registration = register.submit(training, comparison, card, params.model_name, run.mlflow_tracking_uri,
+                                   params.min_margin, run.tags).result()
     seconds["register"], windows["register"] = time.perf_counter() - started, (wall, time.time())
 
     return PipelineSummary(
@@ -165,6 +176,7 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
         model_name=registration.model_name, model_version=str(registration.version),
         champion_version=str(registration.champion_version), promoted=registration.decision.promote,
         decision=registration.decision.reason, test_accuracy=report.accuracy, test_loss=report.loss,
+        champion_test_accuracy=comparison.champion.accuracy, recipe=params.recipe,
         downloaded_files=list(staged.downloaded), training_metrics=training.metrics,
         fit_seconds=training.seconds, stage_seconds=seconds, stage_windows=windows)
 

@@ -13,8 +13,8 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tasks.artifacts import artifact_key
-from tasks.domain.evaluation import EvaluationReport
-from tasks.domain.model_registry import Registration, register_and_promote
+from tasks.domain.model_package import ModelCard
+from tasks.domain.model_registry import Comparison, Registration, register_and_promote
 from tasks.domain.promotion import CHALLENGER_ALIAS
 from tasks.domain.training_run import TrainingOutcome
 from tasks.events import emit_model_promoted
@@ -23,12 +23,12 @@ REGISTER_TIMEOUT_S = 15 * 60
 
 
 @task(name="register", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5, timeout_seconds=REGISTER_TIMEOUT_S)
-def register(training: TrainingOutcome, report: EvaluationReport, model_name: str, tracking_uri: str | None,
-             extra_tags: dict[str, str] | None = None) -> Registration:
-    """Register the model version, set ``challenger``, promote to ``champion`` if it is better."""
+def register(training: TrainingOutcome, comparison: Comparison, card: ModelCard, model_name: str, tracking_uri: str,
+             min_margin: float, extra_tags: dict[str, str] | None = None) -> Registration:
+    """Register the model version, set ``challenger``, promote to ``champion`` if it beats it by ``min_margin``."""
     logger = get_run_logger()
-    registration = register_and_promote(training, report, model_name, tracking_uri, extra_tags)
-    decision = registration.decision
+    registration = register_and_promote(training, comparison, card, model_name, tracking_uri, min_margin, extra_tags)
+    decision, report = registration.decision, comparison.report
     logger.info("Registered %s version %s as %r; %s", model_name, registration.version, CHALLENGER_ALIAS,
                 decision.reason)
     if decision.promote:
@@ -39,7 +39,10 @@ def register(training: TrainingOutcome, report: EvaluationReport, model_name: st
         f"* new version **{registration.version}** has alias `{CHALLENGER_ALIAS}`\n"
         f"* decision: **{'promoted to champion' if decision.promote else 'champion kept'}**: {decision.reason}\n"
         f"* champion now: version **{registration.champion_version}**\n"
-        f"* test accuracy: {report.accuracy:.2%} (previous champion: "
-        f"{'none' if decision.champion_accuracy is None else f'{decision.champion_accuracy:.2%}'})\n",
+        f"* test accuracy: {report.accuracy:.2%} (previous champion on the same {report.num_images} images: "
+        f"{'none' if decision.champion_accuracy is None else f'{decision.champion_accuracy:.2%}'}; margin "
+        f"{'n/a' if decision.margin is None else f'{decision.margin:+.4f}'}, required >= {decision.min_margin:.4f})\n"
+        f"* test data md5: `{comparison.test_data_md5}`\n"
+        f"* recipe: `{card.recipe.get('name', 'unknown')}`; data set md5 `{card.dataset.digest}`\n",
         key=artifact_key("model-registry", model_name), description="Champion/challenger decision")
     return registration

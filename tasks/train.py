@@ -3,8 +3,9 @@
 Runs on a Ray worker in the pipeline, started with ``num_cpus=0`` so the DDP workers get
 every CPU; this process is trainlib's driver. The work is
 :func:`tasks.domain.training_run.run_training`; this wrapper adds MLflow tracking
-(``trainlib.mlflow.MLflowLogger``), the Prefect log, a link artifact to the MLflow run and
-the ``trainlib.training.failed`` event. Worker failures are handled by trainlib's
+(``trainlib.mlflow.MLflowLogger``, which copies only the best checkpoint to MLflow, once, at
+the end), the data set as the MLflow run's input, the Prefect log, a link artifact to the MLflow
+run and the ``trainlib.training.failed`` event. Worker failures are handled by trainlib's
 ``FailureConfig``, never by Prefect retries; a retried flow run continues the same training
 run (its name is stable), and a finished one is not trained again.
 """
@@ -16,6 +17,7 @@ from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tasks.artifacts import artifact_key
+from tasks.domain.lineage import dataset_identity, log_dataset_input
 from tasks.domain.mlflow_runs import find_run_id, run_page_url
 from tasks.domain.progress import ProgressSink
 from tasks.domain.staging import StagedDataset
@@ -32,7 +34,7 @@ def train_model(dataset: StagedDataset, settings: TrainingSettings, tracking_uri
 
     logger = get_run_logger()
     mlflow_logger = MLflowLogger(tracking_uri=tracking_uri, experiment_name=experiment_name,
-                                 run_name=settings.run_name, tags=dict(tags or {}))
+                                 run_name=settings.run_name, tags=dict(tags or {}), log_checkpoints="best")
     try:
         fit = run_training(settings, dataset, [mlflow_logger, PrefectLogCallback(logger)], progress)
     except Exception as exc:
@@ -40,6 +42,8 @@ def train_model(dataset: StagedDataset, settings: TrainingSettings, tracking_uri
         raise
     run_id = find_run_id(tracking_uri, experiment_name, settings.run_name) if fit.reused else mlflow_logger.run_id
     outcome = training_outcome(fit, run_id)
+    if run_id and not fit.reused:
+        log_dataset_input(run_id, dataset_identity(dataset), tracking_uri)
     if run_id:
         create_link_artifact(run_page_url(tracking_uri, run_id), link_text=f"MLflow run {settings.run_name}",
                              key=artifact_key("mlflow-run", experiment_name),

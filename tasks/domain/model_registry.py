@@ -1,13 +1,17 @@
-"""The MLflow model registry as the pipeline uses it: register a version once per run, set aliases. Runs on the driver.
+"""The MLflow model registry as the pipeline uses it: score the champion, register a version, set aliases.
 
-The new version always gets alias ``challenger``; ``champion`` moves to it only when its
-test accuracy beats the current champion's (:func:`tasks.domain.promotion.decide_promotion`).
-The decision is kept as tags on the new version. Calling it again for the same MLflow run
-registers nothing new.
+Runs on the driver (the evaluate and register task processes). The evaluate step scores
+the current champion on the challenger's test images (:func:`score_champion`); the register
+step packages the checkpoint as the self-contained model (:mod:`tasks.domain.model_package`),
+registers it once per MLflow run, sets ``challenger`` and moves ``champion`` when
+:func:`tasks.domain.promotion.decide_promotion` says so. Both accuracies, the margin and the
+test data's md5 are kept as tags on the new version.
 
 Example::
 
-    registration = register_and_promote(training, report, "fashion-mnist-resnet18", tracking_uri)
+    champion = score_champion("fashion-mnist-resnet18", tracking_uri, images, labels)
+    registration = register_and_promote(training, Comparison(report, champion, md5), card,
+                                        "fashion-mnist-resnet18", tracking_uri, min_margin=0.002)
 """
 
 from __future__ import annotations
@@ -15,18 +19,40 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
+
 import trainlib
-from tasks.domain.evaluation import EvaluationReport
-from tasks.domain.network import MODEL_FILE, build_model, to_inputs
+from tasks.domain.dataset_registry import get_dataset_spec
+from tasks.domain.evaluation import EvaluationReport, evaluate_model
+from tasks.domain.idx_files import load_fashion_mnist_split
+from tasks.domain.model_package import ModelCard, log_and_register
+from tasks.domain.network import load_model
+from tasks.domain.staging import StagedDataset, fetch_staged
 from tasks.domain.promotion import (
     ACCURACY_TAG,
     CHALLENGER_ALIAS,
     CHAMPION_ALIAS,
+    DEFAULT_MIN_MARGIN,
+    ChampionScore,
     PromotionDecision,
     decide_promotion,
-    parse_accuracy,
 )
 from tasks.domain.training_run import TrainingOutcome
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Challenger and champion scored on the same test images in the same run (the evaluate step's result).
+
+    Attributes:
+        report: the challenger's evaluation.
+        champion: the champion's accuracy on the same images (or why there is none).
+        test_data_md5: md5s of the test files both were scored on.
+    """
+
+    report: EvaluationReport
+    champion: ChampionScore
+    test_data_md5: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,57 +72,97 @@ def find_version_of_run(client: Any, model_name: str, run_id: str) -> str | None
     return max(mine, key=lambda v: int(v.version)).version if mine else None
 
 
-def current_champion(client: Any, model_name: str) -> tuple[str | None, float | None]:
-    """``(version, test accuracy)`` of the current champion; ``(None, None)`` when there is none.
-
-    The accuracy comes from the version's ``test_accuracy`` tag, else from its run's metric.
-    """
+def champion_version(client: Any, model_name: str) -> str | None:
+    """The version the ``champion`` alias points to, or None (no such model or alias)."""
     from mlflow.exceptions import MlflowException
 
     try:
-        champion = client.get_model_version_by_alias(model_name, CHAMPION_ALIAS)
+        return str(client.get_model_version_by_alias(model_name, CHAMPION_ALIAS).version)
     except MlflowException:
-        return None, None
-    accuracy = parse_accuracy((champion.tags or {}).get(ACCURACY_TAG))
-    if accuracy is None and champion.run_id:
-        try:
-            accuracy = parse_accuracy(str(client.get_run(champion.run_id).data.metrics.get(ACCURACY_TAG)))
-        except MlflowException:
-            accuracy = None
-    return champion.version, accuracy
+        return None
 
 
-def _register_model(checkpoint_uri: str, model_name: str, run_id: str, tracking_uri: str | None) -> None:
-    """Log the checkpoint's model to run ``run_id`` and register it as a new version of ``model_name``."""
-    import torch
+def score_champion(model_name: str, tracking_uri: str, images: torch.Tensor, labels: torch.Tensor) -> ChampionScore:
+    """The current champion's accuracy on uint8 ``images [N, 28, 28]``, through its registered pyfunc model.
 
-    from trainlib.mlflow import log_model
+    A champion that cannot be loaded or cannot predict raw images (e.g. registered by an
+    older pipeline) gets ``accuracy=None`` and the reason in ``error``.
+    """
+    import mlflow
+    from mlflow import MlflowClient
 
-    example = to_inputs(torch.zeros(1, 28, 28, dtype=torch.uint8)).numpy()
-    log_model(trainlib.Checkpoint.from_uri(checkpoint_uri), build_model(), state_dict_file=MODEL_FILE, input_example=example,
-              registered_model_name=model_name, run_id=run_id, tracking_uri=tracking_uri)
+    from trainlib.mlflow import _using_tracking_uri
+
+    version = champion_version(MlflowClient(tracking_uri=tracking_uri), model_name)
+    if version is None:
+        return ChampionScore(version=None)
+    try:
+        with _using_tracking_uri(tracking_uri):
+            model = mlflow.pyfunc.load_model(f"models:/{model_name}/{version}")
+        predicted = model.predict(images.numpy())["label"].to_numpy()
+    except Exception as exc:  # noqa: BLE001 - any failure means "cannot be compared", with the reason kept
+        return ChampionScore(version=version, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+    accuracy = float((torch.as_tensor(predicted.copy()) == labels).double().mean())
+    return ChampionScore(version=version, accuracy=accuracy)
 
 
-def register_and_promote(training: TrainingOutcome, report: EvaluationReport, model_name: str,
-                         tracking_uri: str | None, extra_tags: dict[str, str] | None = None) -> Registration:
-    """Register the model (once per run), tag it, set ``challenger`` and maybe ``champion`` ."""
+def test_split_md5(dataset: StagedDataset) -> str:
+    """The md5s of the test split's files (``t10k-*``), joined: the identity of the images both models saw."""
+    return ",".join(md5 for name, md5 in sorted(dataset.md5s.items()) if name.startswith("t10k-"))
+
+
+def compare_with_champion(checkpoint_uri: str, dataset: StagedDataset, cache_dir: str, test_limit: int | None,
+                          model_name: str, tracking_uri: str) -> Comparison:
+    """Score the trained checkpoint and the current champion on the same test images (the evaluate step)."""
+    files = fetch_staged(dataset, cache_dir)
+    images, labels = load_fashion_mnist_split(files.folder, train=False, limit=test_limit)
+    with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
+        network = load_model(folder)
+    report = evaluate_model(network, images, labels, get_dataset_spec(dataset.name).class_names)
+    champion = score_champion(model_name, tracking_uri, images, labels)
+    return Comparison(report=report, champion=champion, test_data_md5=test_split_md5(dataset))
+
+
+def _register_model(checkpoint_uri: str, card: ModelCard, model_name: str, run_id: str, tracking_uri: str) -> str:
+    """Package the checkpoint's network, log it to run ``run_id`` and register it; return the version."""
+    with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
+        network = load_model(folder)
+    return log_and_register(network, card, model_name, run_id, tracking_uri).version
+
+
+def register_and_promote(training: TrainingOutcome, comparison: Comparison, card: ModelCard, model_name: str,
+                         tracking_uri: str, min_margin: float = DEFAULT_MIN_MARGIN,
+                         extra_tags: dict[str, str] | None = None) -> Registration:
+    """Register the model (once per run), tag it, set ``challenger`` and maybe ``champion``.
+
+    The champion moves only if it is still the version the evaluate step scored; if another
+    run moved it meanwhile, this run's challenger does not take it.
+    """
     from mlflow import MlflowClient
 
     if not training.mlflow_run_id:
         raise ValueError("The training step has no MLflow run id, so there is no run to register the model from. "
                          "Check the MLflow tracking URI of the pipeline.")
+    report, champion = comparison.report, comparison.champion
+    card = dataclasses.replace(card, test_accuracy=report.accuracy)
     client = MlflowClient(tracking_uri=tracking_uri)
     version = find_version_of_run(client, model_name, training.mlflow_run_id)
     if version is None:
-        _register_model(training.checkpoint_uri, model_name, training.mlflow_run_id, tracking_uri)
-        version = find_version_of_run(client, model_name, training.mlflow_run_id)
-        if version is None:
-            raise RuntimeError(f"MLflow registered no version of {model_name!r} for run {training.mlflow_run_id}.")
-    champion_version, champion_accuracy = current_champion(client, model_name)
-    if champion_version == version:  # a retry after the aliases were set
-        champion_version, champion_accuracy = None, None
-    decision = decide_promotion(report.accuracy, champion_accuracy, champion_version)
+        version = _register_model(training.checkpoint_uri, card, model_name, training.mlflow_run_id, tracking_uri)
+    current = champion_version(client, model_name)
+    if current == version:  # a retry after the aliases were set: this version is the champion already
+        decision = decide_promotion(report.accuracy, champion.accuracy, champion.version, min_margin,
+                                    champion.error)
+    elif current != champion.version:
+        decision = PromotionDecision(
+            False, report.accuracy, None, current,
+            f"the champion moved from version {champion.version} to {current} during this run: champion kept "
+            "(run the pipeline again to compare against the new champion)", min_margin)
+    else:
+        decision = decide_promotion(report.accuracy, champion.accuracy, champion.version, min_margin,
+                                    champion.error)
     tags = {ACCURACY_TAG: f"{report.accuracy:.6f}", "test_loss": f"{report.loss:.6f}",
+            "test_images": str(report.num_images), "test_data_md5": comparison.test_data_md5,
             "checkpoint": training.checkpoint_uri, **decision.tags(), **(extra_tags or {})}
     for key, value in tags.items():
         client.set_model_version_tag(model_name, version, key, value)
@@ -104,5 +170,5 @@ def register_and_promote(training: TrainingOutcome, report: EvaluationReport, mo
     if decision.promote:
         client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
     return Registration(model_name=model_name, version=version,
-                        champion_version=version if decision.promote else (champion_version or ""),
+                        champion_version=version if decision.promote or current == version else (current or ""),
                         decision=decision)

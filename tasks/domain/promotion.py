@@ -1,13 +1,14 @@
 """The champion/challenger promotion rule for registered models. Runs wherever the register task runs.
 
-A new version always becomes the ``challenger``; it takes ``champion`` only when
-its test accuracy is strictly higher than the current champion's (ties keep the
-champion, so a re-run of the same model never churns the alias). Runs wherever
-the register task runs; no Prefect, no MLflow here.
+A new version always becomes the ``challenger``; it takes ``champion`` only when its test
+accuracy beats the current champion's, measured on the same test images in the same run
+(the evaluate step scores both), by at least ``min_margin``. A tie or a smaller win keeps the
+champion, so a re-run of the same model never churns the alias. No Prefect, no MLflow here.
 
 Example::
 
-    decision = decide_promotion(challenger_accuracy=0.91, champion_accuracy=0.89, champion_version="3")
+    decision = decide_promotion(challenger_accuracy=0.91, champion_accuracy=0.89, champion_version="3",
+                                min_margin=0.005)
     decision.promote  # True
 """
 
@@ -19,6 +20,22 @@ import math
 CHALLENGER_ALIAS = "challenger"
 CHAMPION_ALIAS = "champion"
 ACCURACY_TAG = "test_accuracy"
+DEFAULT_MIN_MARGIN = 0.0  # the challenger must be strictly better; raise it to ignore noise-sized wins
+
+
+@dataclasses.dataclass(frozen=True)
+class ChampionScore:
+    """The current champion scored by the evaluate step on the challenger's test images.
+
+    Attributes:
+        version: the champion's version, or None when there is no champion.
+        accuracy: its accuracy on those images; None when there is no champion or it could not be scored.
+        error: why it could not be scored (e.g. a version registered in an old format), else None.
+    """
+
+    version: str | None
+    accuracy: float | None = None
+    error: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +47,12 @@ class PromotionDecision:
     champion_accuracy: float | None
     champion_version: str | None
     reason: str
+    min_margin: float = DEFAULT_MIN_MARGIN
+
+    @property
+    def margin(self) -> float | None:
+        """Challenger accuracy minus champion accuracy (None without a scored champion)."""
+        return None if self.champion_accuracy is None else self.challenger_accuracy - self.champion_accuracy
 
     def tags(self) -> dict[str, str]:
         """Tags recording the decision on the new model version."""
@@ -39,36 +62,50 @@ class PromotionDecision:
             "previous_champion_version": self.champion_version or "none",
             "previous_champion_test_accuracy": "none" if self.champion_accuracy is None
             else f"{self.champion_accuracy:.6f}",
+            "promotion_margin": "none" if self.margin is None else f"{self.margin:.6f}",
+            "promotion_min_margin": f"{self.min_margin:.6f}",
         }
 
 
 def decide_promotion(challenger_accuracy: float, champion_accuracy: float | None,
-                     champion_version: str | None = None) -> PromotionDecision:
+                     champion_version: str | None = None, min_margin: float = DEFAULT_MIN_MARGIN,
+                     champion_error: str | None = None) -> PromotionDecision:
     """Decide whether a challenger with ``challenger_accuracy`` replaces the champion.
 
     Args:
         challenger_accuracy: the new version's test accuracy, in [0, 1].
-        champion_accuracy: the current champion's test accuracy, or None when there is
-            no champion yet (or its accuracy is unknown: then the challenger wins).
+        champion_accuracy: the current champion's accuracy on the same test images, or None
+            when there is no champion (or it could not be scored: then the challenger wins).
         champion_version: the current champion's version, for the record.
+        min_margin: how much higher (absolute accuracy, e.g. 0.005 = half a point) the
+            challenger must score; a win below it, or a tie, keeps the champion.
+        champion_error: why the champion could not be scored, for the reason.
 
     Raises:
-        ValueError: an accuracy outside [0, 1] or not a number.
+        ValueError: an accuracy outside [0, 1] or not a number; a margin outside [0, 1).
     """
     _check_accuracy("challenger_accuracy", challenger_accuracy)
+    if isinstance(min_margin, bool) or not isinstance(min_margin, (int, float)) or not 0 <= min_margin < 1:
+        raise ValueError(f"min_margin={min_margin!r} must be a number in [0, 1), e.g. 0.005 for half a point.")
     if champion_accuracy is None:
-        reason = ("no champion yet" if champion_version is None else
-                  f"champion version {champion_version} has no recorded test accuracy")
+        if champion_version is None:
+            reason = "no champion yet"
+        elif champion_error:
+            reason = f"champion version {champion_version} could not be scored ({champion_error})"
+        else:
+            reason = f"champion version {champion_version} has no test accuracy"
         return PromotionDecision(True, challenger_accuracy, None, champion_version,
-                                 f"{reason}: the challenger ({challenger_accuracy:.4f}) becomes champion")
+                                 f"{reason}: the challenger ({challenger_accuracy:.4f}) becomes champion", min_margin)
     _check_accuracy("champion_accuracy", champion_accuracy)
-    if challenger_accuracy > champion_accuracy:
-        reason = (f"test accuracy {challenger_accuracy:.4f} beats champion version {champion_version}'s "
-                  f"{champion_accuracy:.4f}")
-        return PromotionDecision(True, challenger_accuracy, champion_accuracy, champion_version, reason)
-    reason = (f"test accuracy {challenger_accuracy:.4f} does not beat champion version {champion_version}'s "
-              f"{champion_accuracy:.4f}: champion kept")
-    return PromotionDecision(False, challenger_accuracy, champion_accuracy, champion_version, reason)
+    margin = challenger_accuracy - champion_accuracy
+    versus = (f"test accuracy {challenger_accuracy:.4f} vs champion version {champion_version}'s "
+              f"{champion_accuracy:.4f} on the same images (margin {margin:+.4f}, required > 0 and >= {min_margin:.4f})")
+    # A small tolerance: accuracies are ratios of counts, so equal counts must compare equal.
+    if margin > 1e-12 and margin >= min_margin - 1e-12:
+        return PromotionDecision(True, challenger_accuracy, champion_accuracy, champion_version,
+                                 f"{versus}: promoted", min_margin)
+    return PromotionDecision(False, challenger_accuracy, champion_accuracy, champion_version,
+                             f"{versus}: champion kept", min_margin)
 
 
 def parse_accuracy(text: str | None) -> float | None:

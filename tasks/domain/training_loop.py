@@ -1,7 +1,8 @@
 """The training loop every trainlib worker runs: ``train_func``. Runs in trainlib's worker actors.
 
-The Ray Train tutorial's loop (ResNet18 with a 1-channel ``conv1``, Adam, cross-entropy, a
-per-worker batch size) with three changes: it reads the data set the pipeline staged to run
+The Ray Train tutorial's loop (ResNet18 with a 1-channel ``conv1``, cross-entropy, a per-worker
+batch size; optimizer, schedule, regularisation and augmentation from a
+:class:`tasks.domain.recipe.Recipe`, the tutorial's Adam by ``recipe="tutorial"``) with three changes: it reads the data set the pipeline staged to run
 storage instead of downloading it, it holds out a validation slice to report
 ``val_accuracy`` each epoch, and it resumes from ``get_checkpoint()`` after a restart or when
 the run is continued. Imports no Prefect, so workers stay light.
@@ -20,14 +21,14 @@ from typing import Any
 
 import torch
 from torch.nn import CrossEntropyLoss
-from torch.optim import Adam
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainlib
 from tasks.domain.idx_files import load_fashion_mnist_split
-from tasks.domain.network import MODEL_FILE, build_model, to_inputs, unwrap
 from tasks.domain.dataset_fetch import fetch_dataset
+from tasks.domain.network import MEAN, MODEL_FILE, STD, build_model, to_inputs, unwrap
 from tasks.domain.progress import ProgressMeter, ProgressSink
+from tasks.domain.recipe import Recipe, augment_batch, make_optimizer, make_scheduler
 from trainlib.torch import get_device, prepare_data_loader, prepare_model
 
 STATE_FILE = "train_state.pt"  # optimizer state and the epoch, beside the model in each checkpoint
@@ -60,7 +61,8 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
     Config keys (built by ``tasks.domain.training_run.training_config``): ``dataset``,
     ``staged_url``, ``md5s`` (the staged copy and its checksums), ``node_cache_dir`` (where this
     node keeps its verified copy), ``limit`` (training images to use, None for all),
-    ``val_fraction``, ``lr``, ``batch_size`` (per worker), ``epochs``, ``seed``.
+    ``val_fraction``, ``recipe`` (a :class:`Recipe` as a plain dict), ``batch_size`` (per worker),
+    ``epochs``, ``seed``.
 
     ``progress``: where rank 0 tells its progress within the epoch (bound with
     ``functools.partial``; it is a channel, not a hyperparameter, so it stays out of the config
@@ -70,10 +72,12 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
     rank, world_size = context.get_world_rank(), context.get_world_size()
     torch.manual_seed(config["seed"])
 
-    # Model, loss, optimizer.
+    # Model, loss, optimizer (the recipe's).
+    recipe = Recipe(**config["recipe"])
     model = prepare_model(build_model())
-    criterion = CrossEntropyLoss()
-    optimizer = Adam(model.parameters(), lr=config["lr"])
+    criterion = CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
+    val_criterion = CrossEntropyLoss()  # validation loss stays comparable across recipes
+    optimizer = make_optimizer(recipe, model.parameters())
 
     # Data: the staged copy of the data set, a validation slice held out of the training split.
     files = fetch_dataset(config["dataset"], config["node_cache_dir"], mirrors=[config["staged_url"]],
@@ -86,6 +90,8 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
     # Each rank scores its own slice of the validation set exactly once; the counts are summed.
     mine = val_idx[rank::world_size]
     val_loader = DataLoader(TensorDataset(inputs[mine], labels[mine]), batch_size=config["batch_size"])
+    scheduler = make_scheduler(recipe, optimizer, len(train_loader), config["epochs"])
+    background = -MEAN / STD  # a black pixel, normalised: the padding of random crops
 
     start_epoch = 0
     checkpoint = trainlib.get_checkpoint()
@@ -94,6 +100,8 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
             unwrap(model).load_state_dict(torch.load(os.path.join(folder, MODEL_FILE), weights_only=True))
             state = torch.load(os.path.join(folder, STATE_FILE), weights_only=True)
             optimizer.load_state_dict(state["optimizer"])
+            if scheduler is not None and state.get("scheduler"):
+                scheduler.load_state_dict(state["scheduler"])
             start_epoch = state["epoch"] + 1
 
     device = get_device()
@@ -108,11 +116,13 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
         model.train()
         loss_sum, seen = 0.0, 0
         for batch_images, batch_labels in train_loader:
-            outputs = model(batch_images)
+            outputs = model(augment_batch(batch_images, recipe, background))
             loss = criterion(outputs, batch_labels)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
             loss_sum += loss.item() * len(batch_labels)
             seen += len(batch_labels)
             if meter:
@@ -124,7 +134,7 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
             for batch_images, batch_labels in val_loader:
                 batch_images, batch_labels = batch_images.to(device), batch_labels.to(device)
                 outputs = unwrap(model)(batch_images)
-                val_loss += criterion(outputs, batch_labels).item() * len(batch_labels)
+                val_loss += val_criterion(outputs, batch_labels).item() * len(batch_labels)
                 val_correct += (outputs.argmax(1) == batch_labels).sum().item()
         loss_sum, seen, val_loss, val_correct, val_seen = _all_reduce_sum(
             [loss_sum, seen, val_loss, val_correct, len(mine)])
@@ -134,5 +144,7 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
         with tempfile.TemporaryDirectory() as folder:
             if rank == 0:
                 torch.save(unwrap(model).state_dict(), os.path.join(folder, MODEL_FILE))
-                torch.save({"optimizer": optimizer.state_dict(), "epoch": epoch}, os.path.join(folder, STATE_FILE))
+                torch.save({"optimizer": optimizer.state_dict(), "epoch": epoch,
+                            "scheduler": scheduler.state_dict() if scheduler is not None else None},
+                           os.path.join(folder, STATE_FILE))
             trainlib.report(metrics, checkpoint=trainlib.Checkpoint.from_directory(folder))

@@ -21,6 +21,7 @@ from typing import Any
 
 import trainlib
 from tasks.domain.progress import ProgressSink
+from tasks.domain.recipe import Recipe
 from tasks.domain.staging import StagedDataset
 from tasks.domain.training_loop import train_func
 from tasks.domain.urls import expand_path, join_url
@@ -38,7 +39,8 @@ class TrainingSettings:
     Attributes:
         run_name: the run's folder name under ``storage_path`` (and the MLflow run name).
         storage_path: where runs live (local folder or fsspec URL).
-        epochs, lr, batch_size: the tutorial's knobs; ``batch_size`` is per worker.
+        epochs, batch_size: the tutorial's knobs; ``batch_size`` is per worker.
+        recipe: optimizer, learning rate and schedule, regularisation, augmentation.
         num_workers, use_gpu, placement_strategy: trainlib's ScalingConfig.
         num_to_keep, checkpoint_score_attribute, checkpoint_score_order: trainlib's CheckpointConfig.
         max_failures: trainlib's FailureConfig.
@@ -53,7 +55,7 @@ class TrainingSettings:
     storage_path: str
     node_cache_dir: str
     epochs: int
-    lr: float
+    recipe: Recipe
     batch_size: int
     num_workers: int
     use_gpu: bool
@@ -109,7 +111,7 @@ def training_config(settings: TrainingSettings, dataset: StagedDataset) -> dict[
     return {
         "dataset": dataset.name, "staged_url": dataset.staged_url, "md5s": dict(dataset.md5s),
         "node_cache_dir": expand_path(settings.node_cache_dir), "limit": settings.limit,
-        "val_fraction": settings.val_fraction, "lr": settings.lr, "batch_size": settings.batch_size,
+        "val_fraction": settings.val_fraction, "recipe": settings.recipe.record(), "batch_size": settings.batch_size,
         "epochs": settings.epochs, "seed": settings.seed,
     }
 

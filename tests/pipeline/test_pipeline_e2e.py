@@ -222,7 +222,7 @@ def test_main_command_and_scheduled_deployment_share_one_registry(deployed):
     assert (services["home"] / "mlflow.db").is_file() and (services["home"] / "runs").is_dir()
 
     # 2. The scheduled deployment, through a worker; only the data and size are passed, no location.
-    [deployment] = _api(services, "/deployments/filter", {})
+    [deployment] = [d for d in _api(services, "/deployments/filter", {}) if d["name"] == DEPLOYMENT.split("/")[1]]
     assert deployment["enforce_parameter_schema"] is True
     assert (deployment.get("concurrency_options") or {}).get("collision_strategy") == "ENQUEUE"
     [schedule] = deployment["schedules"]
@@ -243,6 +243,16 @@ def test_main_command_and_scheduled_deployment_share_one_registry(deployed):
     assert float(challenger.tags["previous_champion_test_accuracy"]) == pytest.approx(
         float(champion.tags["test_accuracy"]), abs=1e-6)
     assert client.get_run(champion.run_id).info.experiment_id == client.get_run(challenger.run_id).info.experiment_id
+    assert challenger.tags["test_data_md5"] == champion.tags["test_data_md5"]  # scored on the same images
+    # Lineage: the data set is the run's input, the usual source tags, one checkpoint copy (the best), the recipe.
+    run = client.get_run(champion.run_id)
+    [dataset_input] = run.inputs.dataset_inputs
+    assert dataset_input.dataset.name == "fashion-mnist" and champion.tags["dataset_md5"] == dataset_input.dataset.digest
+    assert run.data.tags["mlflow.source.name"] == "flows.pipeline:training-pipeline" and "mlflow.user" in run.data.tags
+    if os.path.exists(os.path.join(REPO_ROOT, ".git")):
+        assert len(run.data.tags["mlflow.source.git.commit"]) == 40
+    assert len(client.list_artifacts(champion.run_id, "checkpoints")) == 1
+    assert champion.tags["recipe"] == "augmented"
 
     # Every task run reached the server; the artifacts a person reads exist; nothing was downloaded again.
     steps = _steps_run(services, flow_run_id)

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from conftest import REPO_ROOT
-from deployments import DEPLOYMENT_NAME, SCHEDULE_CRON, SCHEDULE_TIMEZONE, WORK_POOL
+from deployments import DEPLOYMENT_NAME, SCHEDULE_CRON, SCHEDULE_TIMEZONE, SCORE_DEPLOYMENT_NAME, WORK_POOL
 from tasks.domain.dataset_fetch import DatasetDownloadError, is_transient_download_failure
 from tasks.domain.evaluation import evaluate_model, report_from_confusion
 from tasks.domain.network import build_model
@@ -28,16 +28,17 @@ def test_no_champion_means_promotion():
 def test_better_accuracy_takes_champion_and_ties_do_not():
     assert decide_promotion(0.91, 0.90, "3").promote
     tie = decide_promotion(0.90, 0.90, "3")
-    assert not tie.promote and "does not beat champion version 3" in tie.reason
+    assert not tie.promote and "champion version 3" in tie.reason and "champion kept" in tie.reason
     worse = decide_promotion(0.10, 0.47, "1")
     assert not worse.promote
     assert worse.tags() == {"promotion_decision": "kept_champion", "promotion_reason": worse.reason,
-                            "previous_champion_version": "1", "previous_champion_test_accuracy": "0.470000"}
+                            "previous_champion_version": "1", "previous_champion_test_accuracy": "0.470000",
+                            "promotion_margin": "-0.370000", "promotion_min_margin": "0.000000"}
 
 
 def test_champion_without_recorded_accuracy_is_replaced():
     decision = decide_promotion(0.2, None, "7")
-    assert decision.promote and "version 7 has no recorded test accuracy" in decision.reason
+    assert decision.promote and "version 7 has no test accuracy" in decision.reason
 
 
 @pytest.mark.parametrize("bad", [1.5, -0.1, float("nan"), "0.9", True])
@@ -169,7 +170,8 @@ def test_ray_workers_get_the_api_url_and_no_ephemeral_server_and_no_secret():
 def test_prefect_yaml_deployment_spec():
     with open(os.path.join(REPO_ROOT, "prefect.yaml")) as f:
         spec = yaml.safe_load(f)
-    [deployment] = spec["deployments"]
+    deployments = {d["name"]: d for d in spec["deployments"]}
+    deployment = deployments[DEPLOYMENT_NAME]
     assert deployment["entrypoint"] == "flows.pipeline:training_pipeline"
     assert deployment["enforce_parameter_schema"] is True
     assert deployment["concurrency_limit"]["limit"] == 1
@@ -177,6 +179,9 @@ def test_prefect_yaml_deployment_spec():
     assert (schedule["cron"], schedule["timezone"]) == (SCHEDULE_CRON, SCHEDULE_TIMEZONE)
     assert deployment["work_pool"]["name"] == WORK_POOL
     assert deployment["name"] == DEPLOYMENT_NAME
+    scoring = deployments[SCORE_DEPLOYMENT_NAME]
+    assert scoring["entrypoint"] == "flows.score:score_images" and "schedules" not in scoring
+    assert scoring["work_pool"]["name"] == WORK_POOL and scoring["enforce_parameter_schema"] is True
 
 
 @pytest.mark.parametrize("package", ["trainlib", os.path.join("tasks", "domain")])

@@ -1,0 +1,132 @@
+"""The batch-scoring flow: score a set of images with a registered model alias. Runs in the flow-run process.
+
+Deployment ``score-images`` in ``prefect.yaml``. Reads an idx file (``.gz`` or not), a
+``.npy`` array or a folder of PNGs (local or ``s3://``), resolves the alias (default
+``champion``) to one version, scores the images in parallel chunks on prefect-ray's
+``RayTaskRunner`` (each worker loads the model once), and writes one predictions file
+(``.parquet`` or ``.csv``: image id, label, class, probability, model name and version)
+atomically: a failed run leaves no file that looks complete. A table artifact holds the
+class histogram and the model version.
+
+Example::
+
+    score_images(ScoreParams(input_url="t10k-images-idx3-ubyte.gz", output_url="out/predictions.parquet"))
+    # prefect deployment run 'score-images/score-images' -p 'params={"input_url": "...", "output_url": "..."}'
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Optional
+
+import pandas as pd
+from prefect import flow, get_run_logger
+from prefect_ray import RayTaskRunner
+from prefect_ray.context import remote_options
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from flows.params import NAME_PATTERN
+from flows.task_runner import current_api_url, ray_worker_env
+from tasks.domain.batch_scoring import output_format
+from tasks.domain.home import PipelineHome
+from tasks.domain.promotion import CHAMPION_ALIAS
+from tasks.domain.urls import expand_path, mask_url
+from tasks.score import read_input, resolve_model, score_images_chunk, write_output
+
+FLOW_NAME = "score-images"
+
+
+class ScoreParams(BaseModel):
+    """Every parameter of one scoring run, validated before anything starts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_url: str = Field(..., min_length=1, description="Images: an idx file (.gz or not), a .npy array or a "
+                                                          "folder of 28x28 PNGs; a path or an s3:// URL.")
+    output_url: str = Field(..., min_length=1, description="Where to write the predictions: a .parquet or .csv "
+                                                           "path or s3:// URL.")
+    model_name: str = Field("fashion-mnist-resnet18", pattern=NAME_PATTERN, max_length=200,
+                            description="Registered model in MLflow.")
+    alias: str = Field(CHAMPION_ALIAS, pattern=NAME_PATTERN, max_length=200, description="The model alias to use.")
+    mlflow_tracking_uri: Optional[str] = Field(None, description="MLflow server or store (default: "
+                                                                 "$MLFLOW_TRACKING_URI, else the pipeline home's).")
+    chunk_size: int = Field(2500, gt=0, le=1_000_000, description="Images per scoring task.")
+    num_workers: int = Field(2, ge=1, le=4096, description="CPUs of the local Ray (parallel chunks); ignored "
+                                                            "with ray_address.")
+    ray_address: Optional[str] = Field(None, description="A Ray cluster (default: a local Ray for this run).")
+    storage_options: Optional[dict[str, Any]] = Field(
+        None, description="fsspec options for s3:// input and output (endpoint, ...); credentials come from the "
+                          "environment, never from here.")
+
+    @field_validator("storage_options")
+    @classmethod
+    def _no_credentials(cls, value: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        # Flow parameters are stored in the Prefect database and shown in its UI: no secrets there.
+        secret = [k for k in _keys(value) if any(w in k.lower() for w in ("secret", "password", "token", "key"))]
+        if secret:
+            raise ValueError(f"storage_options must not hold credentials ({', '.join(secret)}): set them in the "
+                             "worker's environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL).")
+        return value
+
+    @field_validator("output_url")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        output_format(value)
+        return value
+
+
+def _keys(value: Any) -> list[str]:
+    if not isinstance(value, dict):
+        return []
+    return [str(k) for k in value] + [k for v in value.values() for k in _keys(v)]
+
+
+def _task_runner(params: ScoreParams, api_url: str) -> RayTaskRunner:
+    init_kwargs: dict[str, Any] = {"runtime_env": {"env_vars": ray_worker_env(api_url)}}
+    if not params.ray_address:
+        init_kwargs.update(include_dashboard=False, num_cpus=params.num_workers)
+    return RayTaskRunner(address=params.ray_address or "local", init_kwargs=init_kwargs)
+
+
+@flow(name="score-steps")
+def score_steps(params: ScoreParams, input_url: str, output_url: str, tracking_uri: str) -> dict[str, Any]:
+    """Resolve, read, score in chunks, write: each a task on the Ray cluster."""
+    model_future = resolve_model.submit(params.model_name, params.alias, tracking_uri)
+    images = read_input.submit(input_url, params.storage_options).result()
+    model = model_future.result()
+    chunks = math.ceil(len(images) / params.chunk_size)
+    started = time.perf_counter()
+    with remote_options(num_cpus=1):  # one CPU each: chunks run side by side, one per CPU
+        futures = [score_images_chunk.submit(model, images.chunk(i * params.chunk_size, (i + 1) * params.chunk_size))
+                   for i in range(chunks)]
+        frames = [future.result() for future in futures]
+    score_seconds = time.perf_counter() - started
+    predictions = pd.concat(frames, ignore_index=True)
+    if len(predictions) != len(images):
+        raise RuntimeError(f"Scored {len(predictions)} of {len(images)} images; nothing was written.")
+    url = write_output.submit(predictions, output_url, params.storage_options, model, input_url).result()
+    counts = predictions["class"].value_counts()
+    return {"output_url": url, "images": len(predictions), "chunks": chunks, "model_name": model.name,
+            "model_version": model.version, "alias": model.alias, "score_seconds": score_seconds,
+            "class_counts": {str(k): int(v) for k, v in counts.items()}}
+
+
+@flow(name=FLOW_NAME, validate_parameters=True)
+def score_images(params: ScoreParams) -> dict[str, Any]:
+    """Score a set of images with a registered model alias; write the predictions and a class histogram.
+
+    Args:
+        params: see :class:`ScoreParams`; ``input_url`` and ``output_url`` are required.
+    """
+    logger = get_run_logger()
+    api_url = current_api_url()
+    tracking_uri = params.mlflow_tracking_uri or PipelineHome.resolve().mlflow_tracking_uri
+    input_url, output_url = expand_path(params.input_url), expand_path(params.output_url)
+    logger.info("Scoring %s with %s@%s from %s into %s", mask_url(input_url), params.model_name, params.alias,
+                mask_url(tracking_uri), mask_url(output_url))
+    steps = score_steps.with_options(task_runner=_task_runner(params, api_url))
+    summary = steps(params, input_url, output_url, tracking_uri)
+    logger.info("Done: %d images, %s version %s, predictions in %s", summary["images"], summary["model_name"],
+                summary["model_version"], mask_url(summary["output_url"]))
+    return summary

@@ -1,0 +1,211 @@
+"""Batch scoring with a registered model version: resolve an alias, score chunks, summarise, write atomically.
+
+Plain functions, no Prefect; the scoring flow's tasks wrap them. ``resolve_alias``
+runs once per flow run (every chunk then uses the same pinned version, even if the
+alias moves meanwhile); ``score_chunk`` runs on Ray workers and loads the model
+once per worker process (cached), never per image; ``write_predictions`` writes
+the whole file under a temporary name and renames it (local) or puts it in one
+request (object stores), so a failed run never leaves a file that looks complete.
+
+Example::
+
+    model = resolve_alias("fashion-mnist-resnet18", "champion", tracking_uri)
+    frame = score_chunk(model, read_images("t10k-images-idx3-ubyte.gz"))
+    write_predictions(frame, "predictions.parquet")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import threading
+import uuid
+from typing import Any, Mapping
+
+import fsspec
+import pandas as pd
+
+from tasks.domain.image_source import ImageSet
+from tasks.domain.urls import mask_url
+
+PREDICTION_COLUMNS = ("image_id", "label", "class", "probability", "model_name", "model_version")
+OUTPUT_FORMATS = {".parquet": "parquet", ".csv": "csv"}
+
+
+class ModelAliasError(LookupError):
+    """The registered model or its alias does not exist; the message says how to create it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedModel:
+    """A registered version picked by alias.
+
+    Attributes:
+        name: the registered model.
+        alias: the alias asked for (e.g. ``champion``).
+        version: the version the alias pointed to when resolved.
+        tracking_uri: the MLflow server or store holding it.
+    """
+
+    name: str
+    alias: str
+    version: str
+    tracking_uri: str
+
+    @property
+    def model_uri(self) -> str:
+        """The pinned version's URI (not the alias, which may move during a run)."""
+        return f"models:/{self.name}/{self.version}"
+
+
+def resolve_alias(model_name: str, alias: str, tracking_uri: str) -> ResolvedModel:
+    """The version ``alias`` of ``model_name`` points to.
+
+    Raises:
+        ModelAliasError: no such registered model, or it has no such alias; the message names both
+            and how to create a champion.
+    """
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        version = client.get_model_version_by_alias(model_name, alias)
+    except MlflowException as exc:
+        try:
+            known = sorted(client.get_registered_model(model_name).aliases)
+            what = f"Registered model {model_name!r} has no alias {alias!r} (its aliases: {known or 'none'})"
+        except MlflowException:
+            what = f"There is no registered model {model_name!r}"
+        raise ModelAliasError(
+            f"{what} in MLflow at {mask_url(tracking_uri)}. Create a champion by running the training pipeline "
+            "(`python -m flows.main` or the fashion-mnist-retrain deployment), which registers a version and "
+            f"promotes it; or point the alias at an existing version: MlflowClient().set_registered_model_alias("
+            f"{model_name!r}, {alias!r}, '<version>'). ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        ) from None
+    return ResolvedModel(name=model_name, alias=alias, version=str(version.version), tracking_uri=tracking_uri)
+
+
+_LOADED: dict[tuple[str, str], Any] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def load_model(model: ResolvedModel) -> tuple[Any, bool]:
+    """The pyfunc model of ``model``, loaded once per process (Ray reuses worker processes across chunks).
+
+    Returns the model and whether this call loaded it (False: it came from this process's cache).
+    """
+    import mlflow
+
+    from trainlib.mlflow import _using_tracking_uri
+
+    key = (model.tracking_uri, model.model_uri)
+    with _LOAD_LOCK:
+        loaded_now = key not in _LOADED
+        if loaded_now:
+            with _using_tracking_uri(model.tracking_uri):
+                _LOADED[key] = mlflow.pyfunc.load_model(model.model_uri)
+        return _LOADED[key], loaded_now
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkPredictions:
+    """One chunk's predictions, and whether the worker had to load the model for it.
+
+    Attributes:
+        frame: one row per image, the columns of ``PREDICTION_COLUMNS``.
+        loaded_model: True when this worker process loaded the model for this chunk (its first).
+        worker_pid: the process that scored the chunk.
+    """
+
+    frame: pd.DataFrame
+    loaded_model: bool
+    worker_pid: int
+
+
+def score_chunk(model: ResolvedModel, images: ImageSet) -> ChunkPredictions:
+    """Predictions for ``images`` with the pinned version of ``model``."""
+    pyfunc, loaded_now = load_model(model)
+    out = pyfunc.predict(images.pixels)
+    frame = pd.DataFrame({
+        "image_id": list(images.ids), "label": out["label"].astype("int64"), "class": out["class"].astype(str),
+        "probability": out["probability"].astype("float64"), "model_name": model.name,
+        "model_version": model.version,
+    }, columns=list(PREDICTION_COLUMNS))
+    return ChunkPredictions(frame=frame, loaded_model=loaded_now, worker_pid=os.getpid())
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassCount:
+    """One row of the class histogram."""
+
+    label: int
+    class_name: str
+    images: int
+    share: float
+
+
+def class_histogram(predictions: pd.DataFrame) -> list[ClassCount]:
+    """How many images went to each predicted class, most frequent first."""
+    counts = predictions.groupby(["label", "class"]).size().sort_values(ascending=False)
+    total = int(counts.sum())
+    return [ClassCount(int(label), str(name), int(n), n / total) for (label, name), n in counts.items()]
+
+
+def output_format(output_url: str) -> str:
+    """``parquet`` or ``csv`` from the output's extension.
+
+    Raises:
+        ValueError: any other extension.
+    """
+    extension = os.path.splitext(output_url.rstrip("/"))[1].lower()
+    if extension not in OUTPUT_FORMATS:
+        raise ValueError(f"output_url={output_url!r} must end in .parquet or .csv (the predictions' format).")
+    return OUTPUT_FORMATS[extension]
+
+
+def write_predictions(predictions: pd.DataFrame, output_url: str,
+                      storage_options: Mapping[str, Any] | None = None) -> str:
+    """Write the predictions to ``output_url`` (``.parquet`` or ``.csv``; local or fsspec URL) atomically.
+
+    Returns the URL written. Local files appear by rename; object stores get one whole PUT.
+    """
+    fmt = output_format(output_url)
+    buffer = io.BytesIO()
+    if fmt == "parquet":
+        predictions.to_parquet(buffer, index=False)
+    else:
+        predictions.to_csv(buffer, index=False)
+    data = buffer.getvalue()
+    fs, path = fsspec.core.url_to_fs(output_url, **dict(storage_options or {}))
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol in ("file", "local"):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.part"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    else:
+        fs.pipe_file(path, data)  # one PUT: the object appears whole or not at all
+    return output_url
+
+
+def read_predictions(url: str, storage_options: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """Read a predictions file written by :func:`write_predictions` (ids as strings, versions as strings)."""
+    with fsspec.open(url, "rb", **dict(storage_options or {})) as f:
+        data = f.read()
+    if output_format(url) == "parquet":
+        return pd.read_parquet(io.BytesIO(data))
+    return pd.read_csv(io.BytesIO(data), dtype={"image_id": str, "model_version": str})
+
+
+__all__ = ["ChunkPredictions", "ClassCount", "ModelAliasError", "PREDICTION_COLUMNS", "ResolvedModel", "class_histogram",
+           "load_model", "output_format", "read_predictions", "resolve_alias", "score_chunk",
+           "write_predictions"]

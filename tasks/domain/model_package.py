@@ -1,0 +1,246 @@
+"""Packages a trained network as the self-contained registered model; logs and registers it in MLflow.
+
+Runs where the pipeline's register step runs (a Ray worker), in tests and in
+benchmarks; no Prefect here. One MLflow model folder holds two flavors:
+
+* ``python_function``: ``classifier_model.py`` (models-from-code), the weights as
+  a state dict, and a ``model_config`` with the class names, the normalisation and
+  the architecture: raw images in, labels out (``mlflow.pyfunc.load_model``,
+  ``mlflow models serve``);
+* ``pytorch``: the plain ``torch.nn.Module`` (torchvision's ResNet classes only), so
+  ``mlflow.pytorch.load_model`` gives a network to fine-tune. MLflow 3 refuses to
+  unpickle it unless ``MLFLOW_ALLOW_PICKLE_DESERIALIZATION=true``; the pickle-free way
+  to the same module is ``mlflow.pyfunc.load_model(uri).unwrap_python_model().network``.
+
+The data set's identity, the recipe and the input/output contract travel as the
+model's metadata, tags and descriptions (shown in the MLflow UI).
+
+Example::
+
+    card = ModelCard(dataset=DatasetIdentity.of("fashion-mnist", md5s, source), recipe=recipe_record)
+    version = log_and_register(network, card, "fashion-mnist-resnet18", run_id, tracking_uri)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from typing import Any, Mapping
+
+import torch
+
+from tasks.domain import classifier_model
+from tasks.domain.classifier_model import ARCHITECTURE, EXPECTED_INPUT
+from tasks.domain.dataset_registry import get_dataset_spec
+from tasks.domain.network import MEAN, STD
+
+CODE_PATH = os.path.abspath(classifier_model.__file__)
+MODEL_ARTIFACT_NAME = "model"
+PICKLE_MODULE = "pickle"
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetIdentity:
+    """Which data a model was trained and tested on.
+
+    Attributes:
+        name: the data set's name, e.g. ``"fashion-mnist"``.
+        md5s: filename -> md5 of each file.
+        source: where the files came from (a URL or folder; never with credentials).
+    """
+
+    name: str
+    md5s: Mapping[str, str]
+    source: str
+
+    @property
+    def digest(self) -> str:
+        """One md5 for the whole data set: of its files' ``name:md5`` lines, sorted."""
+        lines = "\n".join(f"{k}:{v}" for k, v in sorted(self.md5s.items()))
+        return hashlib.md5(lines.encode(), usedforsecurity=False).hexdigest()
+
+    def test_md5(self) -> str:
+        """md5s of the test split's files (``t10k-*``), joined: what a test accuracy was measured on."""
+        return ",".join(v for k, v in sorted(self.md5s.items()) if k.startswith("t10k-")) or self.digest
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCard:
+    """Everything a registered version records besides its weights.
+
+    Attributes:
+        dataset: the training/test data's identity.
+        recipe: the training recipe's name and settings (e.g. ``{"name": "augmented", "lr": 0.05}``).
+        class_names: label -> class name (default: the data set's).
+        mean, std: the normalisation the network was trained with (0..1 scale).
+        test_accuracy: the version's test accuracy when known at registration.
+    """
+
+    dataset: DatasetIdentity
+    recipe: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    class_names: tuple[str, ...] | None = None
+    mean: float = MEAN
+    std: float = STD
+    test_accuracy: float | None = None
+
+    def names(self) -> tuple[str, ...]:
+        """The class names, in label order: the card's, else the data set registry's."""
+        return tuple(self.class_names) if self.class_names else get_dataset_spec(self.dataset.name).class_names
+
+    def model_config(self) -> dict[str, Any]:
+        """What ``classifier_model.ImageClassifier.load_context`` reads."""
+        return {"class_names": list(self.names()), "mean": self.mean, "std": self.std, "architecture": ARCHITECTURE}
+
+    def metadata(self) -> dict[str, Any]:
+        """The MLmodel ``metadata``: input/output contract, data set identity, recipe."""
+        return {
+            "input": EXPECTED_INPUT,
+            "output": "one row per image: label (int), class (str), probability (float), probabilities "
+                      f"({len(self.names())} floats, in label order)",
+            "class_names": list(self.names()),
+            "normalisation": {"mean": self.mean, "std": self.std, "scale": "pixel / 255"},
+            "dataset": {"name": self.dataset.name, "digest": self.dataset.digest, "source": self.dataset.source,
+                        "md5s": dict(self.dataset.md5s)},
+            "recipe": dict(self.recipe),
+        }
+
+    def tags(self) -> dict[str, str]:
+        """Version tags: data set, recipe."""
+        tags = {"dataset": self.dataset.name, "dataset_md5": self.dataset.digest,
+                "dataset_source": self.dataset.source, "recipe": str(self.recipe.get("name", "unknown")),
+                "recipe_settings": json.dumps(dict(self.recipe), sort_keys=True)}
+        return {k: v[:5000] for k, v in tags.items()}
+
+    def version_description(self) -> str:
+        accuracy = "" if self.test_accuracy is None else f" Test accuracy {self.test_accuracy:.2%}."
+        recipe = ", ".join(f"{k}={v}" for k, v in sorted(self.recipe.items()))
+        return (f"ResNet18 trained on {self.dataset.name} (md5 {self.dataset.digest}, from {self.dataset.source}) "
+                f"with recipe: {recipe or 'unknown'}.{accuracy}\n\n{contract_text(self.names())}")
+
+
+def contract_text(class_names: tuple[str, ...]) -> str:
+    """What goes in and what comes out, for the registry's descriptions."""
+    classes = ", ".join(f"{i}={name}" for i, name in enumerate(class_names))
+    return (f"Input: {EXPECTED_INPUT}, any batch size (numpy, torch, nested lists, or JSON "
+            '{"inputs": [...]} to mlflow models serve).\n'
+            "Output: one row per image: label (int), class, probability (of the label), probabilities "
+            f"(all classes, in label order). Classes: {classes}.\n"
+            "Use: mlflow.pyfunc.load_model('models:/<name>@champion').predict(images); the torch.nn.Module: "
+            "mlflow.pyfunc.load_model(uri).unwrap_python_model().network, or mlflow.pytorch.load_model(uri) with "
+            "MLFLOW_ALLOW_PICKLE_DESERIALIZATION=true.")
+
+
+def registered_model_description(class_names: tuple[str, ...]) -> str:
+    return ("Image classifier for 28x28 grayscale images (ResNet18 with one input channel); each version carries "
+            f"its normalisation, class names and data set identity.\n\n{contract_text(class_names)}")
+
+
+def signature() -> Any:
+    """The output schema (label, class, probability, probabilities).
+
+    No input schema on purpose: MLflow's tensor schema admits one dtype and one shape, while the
+    model accepts uint8 or float, ``[N, 28, 28]``, ``[N, 784]`` and ``[N, 1, 28, 28]`` and checks
+    that itself with an error naming the expected shapes. The input example shows uint8 ``[N, 28, 28]``.
+    """
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Array, ColSpec, Schema
+
+    return ModelSignature(inputs=None, outputs=Schema([
+        ColSpec("long", "label"), ColSpec("string", "class"), ColSpec("double", "probability"),
+        ColSpec(Array("double"), "probabilities")]))
+
+
+def input_example() -> Any:
+    """Two uint8 images ``[2, 28, 28]`` (a batch of two, so nothing reads it as 'one image')."""
+    import numpy as np
+
+    example = np.zeros((2, 28, 28), dtype=np.uint8)
+    example[1, 4:24, 10:18] = 200  # something trouser-shaped, so the example is not all zeros
+    return example
+
+
+def pip_requirements() -> list[str]:
+    import mlflow
+    import numpy
+    import pandas
+    import torchvision
+
+    return [f"mlflow=={mlflow.__version__}", f"torch=={torch.__version__.split('+')[0]}",
+            f"torchvision=={torchvision.__version__.split('+')[0]}", f"numpy=={numpy.__version__}",
+            f"pandas=={pandas.__version__}"]
+
+
+class _ClassifierFlavor:
+    """A flavor for ``mlflow.models.Model.log``: the pyfunc from code plus the pytorch flavor."""
+
+    __name__ = "python_function"
+
+    def __init__(self, network: torch.nn.Module, card: ModelCard):
+        self.network = network
+        self.card = card
+
+    def save_model(self, path: str, mlflow_model: Any = None, **_: Any) -> None:
+        save_model(self.network, self.card, path, mlflow_model=mlflow_model)
+
+
+def save_model(network: torch.nn.Module, card: ModelCard, path: str, mlflow_model: Any = None) -> str:
+    """Write the MLflow model folder (both flavors) to ``path``, which must not exist; return ``path``."""
+    import mlflow
+
+    network = network.module if hasattr(network, "module") else network  # unwrap DDP
+    network = network.cpu().eval()
+    with tempfile.TemporaryDirectory() as scratch:
+        weights = os.path.join(scratch, "weights.pt")
+        torch.save(network.state_dict(), weights)
+        mlflow.pyfunc.save_model(
+            path=path, python_model=CODE_PATH, artifacts={"weights": weights}, model_config=card.model_config(),
+            signature=signature(), input_example=input_example(), pip_requirements=pip_requirements(),
+            metadata=card.metadata(), mlflow_model=mlflow_model)
+    # The pytorch flavor: the whole module (torchvision classes only), as mlflow.pytorch.save_model writes it.
+    data = os.path.join(path, "data")
+    os.makedirs(data, exist_ok=True)
+    torch.save(network, os.path.join(data, "model.pth"))
+    with open(os.path.join(data, "pickle_module_info.txt"), "w") as f:
+        f.write(PICKLE_MODULE)
+    model = mlflow.models.Model.load(path) if mlflow_model is None else mlflow_model
+    model.add_flavor("pytorch", model_data="data", pytorch_version=str(torch.__version__), code=None)
+    model.save(os.path.join(path, "MLmodel"))
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisteredVersion:
+    """A registered model version: ``models:/<name>/<version>`` loads it."""
+
+    name: str
+    version: str
+    model_uri: str
+    run_id: str | None
+
+
+def log_and_register(network: torch.nn.Module, card: ModelCard, model_name: str, run_id: str | None,
+                     tracking_uri: str) -> RegisteredVersion:
+    """Log the packaged model into MLflow run ``run_id`` and register it as a new version of ``model_name``.
+
+    Sets the registered model's and the version's descriptions and the version's data set and recipe tags.
+    """
+    import mlflow
+    from mlflow import MlflowClient
+
+    from trainlib.mlflow import _using_tracking_uri
+
+    with _using_tracking_uri(tracking_uri):
+        info = mlflow.models.Model.log(
+            artifact_path=None, name=MODEL_ARTIFACT_NAME, flavor=_ClassifierFlavor(network, card),
+            flavor_name="python_function", registered_model_name=model_name, run_id=run_id)
+    version = str(info.registered_model_version)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    client.update_registered_model(model_name, description=registered_model_description(card.names()))
+    client.update_model_version(model_name, version, description=card.version_description())
+    for key, value in card.tags().items():
+        client.set_model_version_tag(model_name, version, key, value)
+    return RegisteredVersion(name=model_name, version=version, model_uri=f"models:/{model_name}/{version}",
+                             run_id=run_id)

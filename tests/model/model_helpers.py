@@ -1,0 +1,73 @@
+"""Shared pieces of the model tests: real FashionMNIST test images and a tiny, quickly trained network."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+import torch
+
+from conftest import FASHION_MNIST_MIRROR
+
+# The repo's sibling shared/ folder; a git worktree elsewhere names it with TRAINLIB_TEST_FASHION_MNIST.
+FASHION_MNIST_DIR = os.environ.get("TRAINLIB_TEST_FASHION_MNIST") or FASHION_MNIST_MIRROR
+needs_data = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR),
+                                reason=f"the FashionMNIST mirror {FASHION_MNIST_DIR} is missing")
+
+
+
+@functools.lru_cache(maxsize=2)
+def real_images(train: bool, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``limit`` real FashionMNIST images (uint8 [N, 28, 28]) and labels of a split."""
+    from tasks.domain.idx_files import load_fashion_mnist_split
+
+    return load_fashion_mnist_split(FASHION_MNIST_DIR, train=train, limit=limit)
+
+
+def tiny_trained_network(steps: int = 8, batch_size: int = 64, seed: int = 0) -> torch.nn.Module:
+    """The classifier's ResNet18 after a few SGD steps on real training images (seconds, not minutes).
+
+    Trained just enough that its labels differ between images, so label comparisons mean something.
+    """
+    from tasks.domain.classifier_model import build_network, normalise
+    from tasks.domain.network import MEAN, STD
+
+    torch.manual_seed(seed)
+    images, labels = real_images(True, steps * batch_size)
+    network = build_network()
+    optimizer = torch.optim.Adam(network.parameters(), lr=2e-3)
+    network.train()
+    for start in range(0, steps * batch_size, batch_size):
+        x = normalise(images[start:start + batch_size], MEAN, STD)
+        loss = torch.nn.functional.cross_entropy(network(x), labels[start:start + batch_size])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return network.eval()
+
+
+def dataset_identity():
+    from tasks.domain.dataset_registry import get_dataset_spec
+    from tasks.domain.model_package import DatasetIdentity
+
+    return DatasetIdentity("fashion-mnist", get_dataset_spec("fashion-mnist").md5s, FASHION_MNIST_DIR)
+
+
+def register_network(network: torch.nn.Module, tracking_uri: str, model_name: str, recipe: str = "tiny-test",
+                     champion: bool = True, test_accuracy: float | None = None):
+    """Register ``network`` from a fresh MLflow run as a new version of ``model_name`` (maybe as champion)."""
+    from mlflow import MlflowClient
+
+    from tasks.domain.model_package import ModelCard, log_and_register
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name("model-tests")
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment("model-tests")
+    run = client.create_run(experiment_id, run_name=recipe)
+    card = ModelCard(dataset=dataset_identity(), recipe={"name": recipe}, test_accuracy=test_accuracy)
+    version = log_and_register(network, card, model_name, run.info.run_id, tracking_uri)
+    client.set_terminated(run.info.run_id)
+    if champion:
+        client.set_registered_model_alias(model_name, "champion", version.version)
+    return version, card

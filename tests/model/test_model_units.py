@@ -1,0 +1,209 @@
+"""Fast tests of the model's plain parts: the self-contained model file, input checks, the scoring reader and
+writer, the recipes, and the promotion rule with a margin. No servers (S3 is moto's, in-process)."""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import os
+import struct
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import REPO_ROOT, free_port
+
+MODEL_FILE = os.path.join(REPO_ROOT, "tasks", "domain", "classifier_model.py")
+
+
+def test_model_file_imports_only_what_a_fresh_environment_has():
+    tree = ast.parse(open(MODEL_FILE).read())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert imported <= {"__future__", "typing", "mlflow", "numpy", "pandas", "torch", "torchvision"}, \
+        imported
+
+
+def test_model_file_network_and_normalisation_match_the_training_code():
+    from tasks.domain.classifier_model import build_network, normalise
+    from tasks.domain.network import MEAN, STD, build_model, to_inputs
+
+    ours, theirs = build_network().state_dict(), build_model().state_dict()
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+    images = torch.randint(0, 256, (5, 28, 28), dtype=torch.uint8)
+    assert torch.equal(normalise(images, MEAN, STD), to_inputs(images))
+
+
+@pytest.mark.parametrize("form", ["uint8", "float", "784", "1x28x28", "list", "frame784", "frame_column"])
+def test_every_input_form_becomes_the_same_pixels(form):
+    from tasks.domain.classifier_model import as_image_batch
+
+    images = np.random.default_rng(0).integers(0, 256, (4, 28, 28), dtype=np.uint8)
+    data = {"uint8": images, "float": images.astype(np.float64), "784": images.reshape(4, 784),
+            "1x28x28": images[:, None], "list": images.tolist(), "frame784": pd.DataFrame(images.reshape(4, 784)),
+            "frame_column": pd.DataFrame({"image": list(images)})}[form]
+    assert np.array_equal(as_image_batch(data).numpy(), images.astype(np.float32))
+
+
+def test_probabilities_and_labels_of_a_batch():
+    from tasks.domain.classifier_model import predict_probabilities, predictions_frame
+
+    torch.manual_seed(0)
+    network = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 3))
+    probs = predict_probabilities(network, torch.rand(10, 28, 28) * 255, 0.3, 0.3, batch_size=3)
+    frame = predictions_frame(probs, ("a", "b", "c"))
+    assert probs.shape == (10, 3) and torch.allclose(probs.sum(1), torch.ones(10))
+    assert frame["class"].tolist() == [("a", "b", "c")[i] for i in frame["label"]]
+
+
+def write_idx(path, pixels):
+    payload = struct.pack(">IIII", 0x803, len(pixels), 28, 28) + pixels.tobytes()
+    with open(path, "wb") as f:
+        f.write(gzip.compress(payload) if str(path).endswith(".gz") else payload)
+
+
+def test_reader_reads_idx_npy_and_png_folders(tmp_path):
+    from tasks.domain.image_source import read_images, write_png_folder
+
+    pixels = np.random.default_rng(1).integers(0, 256, (5, 28, 28), dtype=np.uint8)
+    write_idx(tmp_path / "a-images-idx3-ubyte.gz", pixels)
+    write_idx(tmp_path / "a-images-idx3-ubyte", pixels)
+    np.save(tmp_path / "a.npy", pixels.reshape(5, 784).astype(np.float32))
+    write_png_folder(pixels, str(tmp_path / "pngs"))
+    for name in ("a-images-idx3-ubyte.gz", "a-images-idx3-ubyte", "a.npy", "pngs"):
+        images = read_images(str(tmp_path / name))
+        assert np.array_equal(images.pixels, pixels), name
+    assert read_images(str(tmp_path / "pngs")).ids[-1] == "image_00004.png"
+    assert read_images(str(tmp_path / "a.npy")).chunk(1, 3).ids == ("1", "2")
+
+
+@pytest.mark.parametrize("name, content, words", [
+    ("t-images-idx3-ubyte.gz", b"\x1f\x8bnot gzip", "not a readable gzip file"),
+    ("t-images-idx3-ubyte", struct.pack(">IIII", 0x803, 10, 28, 28) + b"\0" * 100, "truncated"),
+    ("t-labels-idx1-ubyte", struct.pack(">II", 0x801, 3) + b"\0\0\0", "wrong magic number"),
+    ("x.npy", b"nonsense", "not a readable .npy array"),
+    ("x.txt", b"hello", "unknown file type"),
+])
+def test_reader_names_the_bad_file(tmp_path, name, content, words):
+    from tasks.domain.image_source import ImageSourceError, read_images
+
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ImageSourceError, match=words):
+        read_images(str(tmp_path / name))
+
+
+def test_reader_refuses_empty_inputs(tmp_path):
+    from tasks.domain.image_source import ImageSourceError, read_images
+
+    (tmp_path / "empty").mkdir()
+    np.save(tmp_path / "none.npy", np.zeros((0, 28, 28), dtype=np.uint8))
+    for name in ("empty", "none.npy"):
+        with pytest.raises(ImageSourceError, match="holds no images"):
+            read_images(str(tmp_path / name))
+    with pytest.raises(ImageSourceError, match="does not exist"):
+        read_images(str(tmp_path / "missing.npy"))
+
+
+def test_predictions_are_written_atomically_and_read_back(tmp_path):
+    from tasks.domain.batch_scoring import class_histogram, output_format, read_predictions, write_predictions
+
+    frame = pd.DataFrame({"image_id": ["0", "1", "2"], "label": [1, 1, 9], "class": ["Trouser", "Trouser", "Ankle boot"],
+                          "probability": [0.9, 0.8, 0.7], "model_name": "m", "model_version": "3"})
+    for name in ("p.parquet", "p.csv"):
+        url = write_predictions(frame, str(tmp_path / "out" / name))
+        pd.testing.assert_frame_equal(read_predictions(url), frame)
+    assert sorted(os.listdir(tmp_path / "out")) == ["p.csv", "p.parquet"]
+    assert [(c.class_name, c.images) for c in class_histogram(frame)] == [("Trouser", 2), ("Ankle boot", 1)]
+    with pytest.raises(ValueError, match=r"\.parquet or \.csv"):
+        output_format("p.json")
+
+
+def test_reader_and_writer_on_s3(tmp_path, monkeypatch):
+    from moto.server import ThreadedMotoServer
+
+    from tasks.domain.batch_scoring import read_predictions, write_predictions
+    from tasks.domain.image_source import read_images, write_png_folder
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        options = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
+        import s3fs
+
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+        fs.mkdir("scoring")
+        pixels = np.random.default_rng(2).integers(0, 256, (3, 28, 28), dtype=np.uint8)
+        write_idx(tmp_path / "x-images-idx3-ubyte.gz", pixels)
+        fs.put_file(str(tmp_path / "x-images-idx3-ubyte.gz"), "scoring/x-images-idx3-ubyte.gz")
+        write_png_folder(pixels, "s3://scoring/pngs", options)
+        for url in ("s3://scoring/x-images-idx3-ubyte.gz", "s3://scoring/pngs"):
+            assert np.array_equal(read_images(url, options).pixels, pixels), url
+        frame = pd.DataFrame({"image_id": ["0"], "label": [3], "class": ["Dress"], "probability": [0.5],
+                              "model_name": "m", "model_version": "1"})
+        write_predictions(frame, "s3://scoring/out/p.parquet", options)
+        pd.testing.assert_frame_equal(read_predictions("s3://scoring/out/p.parquet", options), frame)
+    finally:
+        server.stop()
+
+
+def test_recipes_and_augmentation():
+    from tasks.domain.recipe import RECIPES, augment_batch, get_recipe, make_optimizer, make_scheduler
+
+    assert get_recipe("tutorial").optimizer == "adam" and get_recipe("tutorial").lr == 1e-3
+    assert get_recipe("augmented", lr=0.05).lr == 0.05
+    with pytest.raises(ValueError, match="one of 'tutorial', 'augmented'"):
+        get_recipe("fancy")
+    recipe = RECIPES["augmented"]
+    x = torch.randn(16, 1, 28, 28)
+    y = augment_batch(x, recipe, background=-1.0)
+    assert y.shape == x.shape and not torch.equal(x, y)
+    assert torch.equal(augment_batch(x, RECIPES["tutorial"], background=-1.0), x)
+    # A crop with 2-pixel padding keeps a 24x24 core of each image (possibly flipped, shifted by <= 2).
+    one = torch.arange(784, dtype=torch.float32).view(1, 1, 28, 28)
+    out = augment_batch(one.repeat(8, 1, 1, 1), recipe, background=-1.0)
+    assert ((out == -1.0).sum(dim=(1, 2, 3)) <= 4 * 28).all()
+    model = torch.nn.Linear(2, 2)
+    optimizer = make_optimizer(recipe, model.parameters())
+    scheduler = make_scheduler(recipe, optimizer, steps_per_epoch=10, epochs=2)
+    rates = []
+    for _ in range(20):
+        optimizer.step()
+        scheduler.step()
+        rates.append(optimizer.param_groups[0]["lr"])
+    assert max(rates) == pytest.approx(recipe.lr, rel=0.05) and rates[-1] < recipe.lr / 100
+    assert make_scheduler(RECIPES["tutorial"], optimizer, 10, 2) is None
+
+
+@pytest.mark.parametrize("challenger, champion, margin, promote", [
+    (0.90, 0.90, 0.0, False),    # a tie keeps the champion
+    (0.903, 0.90, 0.005, False),  # a win below the margin keeps it
+    (0.905, 0.90, 0.005, True),   # a win of exactly the margin takes it
+    (0.91, 0.90, 0.005, True),
+    (0.89, 0.90, 0.0, False),
+])
+def test_promotion_needs_a_win_by_the_margin(challenger, champion, margin, promote):
+    from tasks.domain.promotion import decide_promotion
+
+    decision = decide_promotion(challenger, champion, "4", min_margin=margin)
+    assert decision.promote is promote
+    tags = decision.tags()
+    assert tags["promotion_min_margin"] == f"{margin:.6f}"
+    assert tags["promotion_margin"] == f"{challenger - champion:.6f}"
+    assert tags["previous_champion_test_accuracy"] == f"{champion:.6f}"
+
+
+def test_unscorable_champion_is_replaced_with_the_reason():
+    from tasks.domain.promotion import decide_promotion
+
+    decision = decide_promotion(0.5, None, "2", champion_error="AssertionError: Guard failed")
+    assert decision.promote and "could not be scored (AssertionError: Guard failed)" in decision.reason
+    with pytest.raises(ValueError, match="min_margin"):
+        decide_promotion(0.5, 0.4, "2", min_margin=-0.1)

@@ -1,0 +1,100 @@
+"""Fair promotion on a real MLflow registry (SQLite store): the champion is scored on the challenger's test
+images in the same run, and only a win by at least `min_margin` moves it (ties and smaller wins do not)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from model_helpers import dataset_identity, needs_data, real_images, tiny_trained_network
+
+pytestmark = [pytest.mark.integration, needs_data]
+
+MODEL_NAME = "promotion-test"
+N_TEST = 300
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    root = tmp_path_factory.mktemp("promotion")
+    return {"uri": f"sqlite:///{root}/mlflow.db", "root": root}
+
+
+def _challenger(registry, network: torch.nn.Module, name: str):
+    """A checkpoint folder and an MLflow run for ``network``, as the training step leaves them."""
+    from mlflow import MlflowClient
+
+    from tasks.domain.network import MODEL_FILE
+    from tasks.domain.training_run import TrainingOutcome
+
+    folder = registry["root"] / name
+    folder.mkdir()
+    torch.save(network.state_dict(), folder / MODEL_FILE)
+    client = MlflowClient(tracking_uri=registry["uri"])
+    experiment = client.get_experiment_by_name("promotion") or client.get_experiment(
+        client.create_experiment("promotion", artifact_location=str(registry["root"] / "artifacts")))
+    run = client.create_run(experiment.experiment_id, run_name=name)
+    return TrainingOutcome(run_path=str(registry["root"]), checkpoint_uri=str(folder), metrics={}, history=[],
+                           mlflow_run_id=run.info.run_id, seconds=0.0)
+
+
+def _evaluate_and_register(registry, network, name: str, min_margin: float):
+    """What the evaluate and register steps do: both models on the same images, then the rule."""
+    from tasks.domain.dataset_registry import get_dataset_spec
+    from tasks.domain.evaluation import evaluate_model
+    from tasks.domain.model_package import ModelCard
+    from tasks.domain.model_registry import Comparison, register_and_promote, score_champion
+
+    images, labels = real_images(False, N_TEST)
+    training = _challenger(registry, network, name)
+    report = evaluate_model(network, images, labels, get_dataset_spec("fashion-mnist").class_names)
+    champion = score_champion(MODEL_NAME, registry["uri"], images, labels)
+    comparison = Comparison(report=report, champion=champion, test_data_md5="test-md5")
+    card = ModelCard(dataset=dataset_identity(), recipe={"name": name})
+    return report, champion, register_and_promote(training, comparison, card, MODEL_NAME, registry["uri"],
+                                                  min_margin=min_margin)
+
+
+@pytest.mark.timeout(900)  # four registrations of a 45 MB model; generous for a loaded 2-core machine
+def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=registry["uri"])
+    torch.manual_seed(0)
+    from tasks.domain.classifier_model import build_network
+
+    weak = build_network().eval()
+    strong = tiny_trained_network(steps=12)
+
+    # No champion yet: the first version takes it.
+    report1, champion1, first = _evaluate_and_register(registry, weak, "weak", min_margin=0.0)
+    assert champion1.version is None and first.decision.promote and first.version == "1"
+
+    # The same network again: scored champion == challenger on the same images -> a tie keeps version 1.
+    report2, champion2, tie = _evaluate_and_register(registry, weak, "weak-again", min_margin=0.0)
+    assert champion2.version == "1" and champion2.accuracy == pytest.approx(report2.accuracy, abs=1e-12)
+    assert champion2.accuracy == pytest.approx(report1.accuracy, abs=1e-12)  # same images, same model
+    assert not tie.decision.promote and str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) == "1"
+    tags = client.get_model_version(MODEL_NAME, tie.version).tags
+    assert tags["promotion_decision"] == "kept_champion" and float(tags["promotion_margin"]) == 0.0
+    assert tags["test_data_md5"] == "test-md5" and tags["previous_champion_version"] == "1"
+
+    # A better network, but the required margin is larger than its win: champion kept.
+    report3, champion3, below = _evaluate_and_register(registry, strong, "strong-below-margin", min_margin=0.99)
+    win = report3.accuracy - champion3.accuracy
+    assert 0 < win < 0.99, (report3.accuracy, champion3.accuracy)
+    assert not below.decision.promote and "champion kept" in below.decision.reason
+    assert str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) == "1"
+    assert str(client.get_model_version_by_alias(MODEL_NAME, "challenger").version) == below.version
+
+    # The same win with a margin it clears: the champion moves; both accuracies and the margin are tags.
+    _, champion4, promoted = _evaluate_and_register(registry, strong, "strong", min_margin=win / 2)
+    assert promoted.decision.promote
+    assert str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) == promoted.version
+    tags = client.get_model_version(MODEL_NAME, promoted.version).tags
+    assert float(tags["previous_champion_test_accuracy"]) == pytest.approx(champion4.accuracy, abs=1e-6)
+    assert float(tags["promotion_margin"]) == pytest.approx(win, abs=1e-6)
+    assert float(tags["promotion_min_margin"]) == pytest.approx(win / 2, abs=1e-6)
+    assert os.path.basename(tags["checkpoint"]) == "strong"
