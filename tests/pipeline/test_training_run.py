@@ -9,10 +9,11 @@ pytestmark = pytest.mark.integration
 
 
 def _settings(tmp_path, **overrides):
+    from tasks.domain.recipe import get_recipe
     from tasks.domain.training_run import TrainingSettings
 
     values = dict(run_name="pipeline-run", storage_path=str(tmp_path / "runs"), node_cache_dir=str(tmp_path / "node"),
-                  epochs=2, lr=1e-3, batch_size=32, num_workers=2, use_gpu=False, num_to_keep=2,
+                  epochs=2, recipe=get_recipe("tutorial"), batch_size=32, num_workers=2, use_gpu=False, num_to_keep=2,
                   checkpoint_score_attribute="val_accuracy", max_failures=0, limit=None, seed=0,
                   placement_timeout_s=60.0)
     return TrainingSettings(**{**values, **overrides})

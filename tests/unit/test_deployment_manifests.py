@@ -88,7 +88,8 @@ def test_image_home_and_working_directory_match_the_deployment(files):
 
 
 def test_same_flow_as_the_process_deployment(files):
-    [process] = files["root_prefect"]["deployments"]
+    # The training deployment of the root prefect.yaml (score-images beside it runs another flow).
+    [process] = [d for d in files["root_prefect"]["deployments"] if d["entrypoint"].startswith("flows.pipeline:")]
     k8s = _deployment(files)
     assert k8s["entrypoint"] == process["entrypoint"]
     module, name = k8s["entrypoint"].split(":")
