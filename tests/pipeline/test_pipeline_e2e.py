@@ -358,10 +358,11 @@ def test_killed_deployment_run_resumes_from_its_checkpoint_when_retried(deployed
     # trainlib's own warning reached the task run's log; training went on from the committed checkpoint.
     assert any("resuming it from" in m and "checkpoint_000001" in m for m in train_logs), train_logs
     assert any("resuming from" in m for m in train_logs), train_logs
-    # Rank 0's progress within an epoch reached the flow run's log (so the terminal and the UI).
+    # Rank 0's progress reached the flow run's log (so the terminal and the UI) in more than one epoch.
+    # Whether a line falls inside an epoch depends on the machine's speed (lines come every 10 s):
+    # the unit test of ProgressMeter pins the in-epoch publication.
     progress = [m for m in _logs(services, flow_run_id=[steps["id"]]) if m.startswith("Training: epoch")]
-    assert any(re.search(r"step ([1-9]\d*)/(\d+) \(", m) and not re.search(r"step (\d+)/\1 ", m) for m in progress), \
-        progress
+    assert len({m.split(",")[0] for m in progress}) >= 2 and "images/s" in progress[-1], progress
     client = _mlflow(services)
     versions = client.search_model_versions(f"name = '{model_name}'")
     assert [str(v.version) for v in versions] == ["1"]  # registered once
