@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
-    from tasks.datasets import torchvision_layout
+    from tasks.domain.torchvision_layout import torchvision_layout
 
     workdir = tempfile.mkdtemp(prefix="trainlib-bench-data-")
     runs = []

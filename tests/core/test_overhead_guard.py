@@ -18,7 +18,7 @@ import sys
 import pytest
 from conftest import REPO_ROOT
 
-from tasks.datasets import write_idx_dataset
+from tasks.domain.generated_dataset import write_idx_dataset
 
 # Medians of a quiet-machine run (bench_overhead.py); see "source" in the file.
 RECORDED = os.path.join(REPO_ROOT, "bench", "results", "guard_reference.json")
