@@ -3,9 +3,9 @@
 Two recipes, chosen by the pipeline's ``recipe`` parameter and recorded on every registered
 version:
 
-* ``tutorial``: the Ray Train tutorial's Adam at 1e-3, constant, no augmentation, no weight
-  decay (90.2% test accuracy after 10 epochs on this machine);
-* ``augmented`` (the default): SGD with Nesterov momentum, a one-cycle learning rate
+* ``tutorial`` (the default): the Ray Train tutorial's Adam at 1e-3, constant, no augmentation,
+  no weight decay (90.2% test accuracy after 10 epochs on this machine);
+* ``augmented``: SGD with Nesterov momentum, a one-cycle learning rate
   (warm-up then cosine decay), weight decay 5e-4, label smoothing 0.1, and random crops (2-pixel
   padding) with horizontal flips: a standard ResNet recipe aimed at 93-94% on FashionMNIST.
   ``bench/bench_recipe.py`` compares both; its figures are in ``bench/results/``.
@@ -26,7 +26,9 @@ from typing import Any, Iterable, Literal
 import torch
 
 RecipeName = Literal["augmented", "tutorial"]
-DEFAULT_RECIPE: RecipeName = "augmented"
+# The default stays the tutorial's until the 10-epoch full-data run shows ``augmented`` ahead: in the
+# short runs measured so far it trailed (bench/results/recipe*.md, docs/model.md).
+DEFAULT_RECIPE: RecipeName = "tutorial"
 
 
 @dataclasses.dataclass(frozen=True)

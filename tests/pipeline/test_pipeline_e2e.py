@@ -252,7 +252,7 @@ def test_main_command_and_scheduled_deployment_share_one_registry(deployed):
     if os.path.exists(os.path.join(REPO_ROOT, ".git")):
         assert len(run.data.tags["mlflow.source.git.commit"]) == 40
     assert len(client.list_artifacts(champion.run_id, "checkpoints")) == 1
-    assert champion.tags["recipe"] == "augmented"
+    assert champion.tags["recipe"] == "tutorial"  # the default recipe, recorded on the version
 
     # Every task run reached the server; the artifacts a person reads exist; nothing was downloaded again.
     steps = _steps_run(services, flow_run_id)
