@@ -12,7 +12,8 @@ import time
 import fsspec
 import pytest
 
-from trainlib._internal.execution.controller import Controller, FailurePolicy
+from trainlib._internal.execution.controller import Controller
+from trainlib._internal.execution.failures import FailurePolicy
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage
 from trainlib._internal.execution.spec import Placement
 from trainlib._internal.storage.run_record import RunRecord, RunStatus

@@ -18,17 +18,16 @@ protocol), so tests can swap in a fake group and test the failure logic without 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import posixpath
 import time
 from typing import Any, Callable, Protocol
 
-import cloudpickle
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.callback_runner import CallbackRunner
 from trainlib._internal.execution.commit import commit_folder, write_metadata
+from trainlib._internal.execution.failures import FailurePolicy, ranks_text, root_cause, straggler_error, worker_error
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
 from trainlib._internal.execution.monitor import PreemptionWatcher, ScalingPolicy
 from trainlib._internal.execution.spec import AttemptSpec, Placement
@@ -55,16 +54,6 @@ class WorkerGroup(Protocol):
     def wait(self, timeout: float | None = None) -> list[WorkerMessage]: ...
     def flush(self, timeout: float) -> list[WorkerMessage]: ...
     def shutdown(self) -> None: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class FailurePolicy:
-    """Decides, after each failure, whether the group restarts."""
-
-    max_failures: int
-
-    def should_restart(self, failures_so_far: int) -> bool:
-        return self.max_failures < 0 or failures_so_far <= self.max_failures
 
 
 # _collect's answer when the group should restart bigger (an elastic run that found room).
@@ -184,12 +173,12 @@ class Controller:
                 waited = time.monotonic() - first_done_at
                 running = sorted(set(range(world_size)) - done)
                 if waited >= self.straggler_timeout_s:
-                    return self._straggler_error(running, sorted(done), waited)
+                    return straggler_error(running, sorted(done), waited, self.straggler_timeout_s)
                 if not warned and waited >= self.straggler_timeout_s / 2:
                     warned = True
                     logger.warning("%s still running %.0f s after %s finished; the attempt fails if still running "
-                                   "after %.0f s (FailureConfig.straggler_timeout_s).", _ranks(running).capitalize(),
-                                   waited, _ranks(sorted(done)), self.straggler_timeout_s)
+                                   "after %.0f s (FailureConfig.straggler_timeout_s).", ranks_text(running).capitalize(),
+                                   waited, ranks_text(sorted(done)), self.straggler_timeout_s)
                 timeout = (self.straggler_timeout_s if warned else self.straggler_timeout_s / 2) - waited
             if self.scaling_policy is not None:  # elastic runs also wake up to watch nodes and growth
                 poll = self._poll_interval(world_size)
@@ -201,13 +190,13 @@ class Controller:
                     done.add(message.rank)
                     first_done_at = first_done_at or time.monotonic()
                 else:
-                    failures = [self._worker_error(message, plan)]
+                    failures = [worker_error(message, plan)]
                     # Reports that every rank made before the failure are not lost.
                     for late in group.flush(tunables.FLUSH_AFTER_FAILURE_S):
                         if isinstance(late, ReportMessage):
                             self._add_report(pending, world_size, late)
                         elif isinstance(late, FailedMessage):
-                            failures.append(self._worker_error(late, plan))
+                            failures.append(worker_error(late, plan))
                     self.last_failures = failures
                     return root_cause(failures)
             if self.scaling_policy is not None and not done:  # both rate-limit themselves
@@ -227,24 +216,6 @@ class Controller:
                        "number of times, with or without a checkpoint"),
             )
         return None
-
-    def _straggler_error(self, running: list[int], done: list[int], waited: float) -> WorkerError:
-        return WorkerError(rank=running[0], cause=(
-            f"{_ranks(running)} still running {waited:.0f} s after {_ranks(done)} finished the training "
-            f"function (FailureConfig.straggler_timeout_s={self.straggler_timeout_s:g}): a rank may be stuck (in a "
-            "collective its peers never joined, a data loader, I/O), or the ranks run different numbers of steps. "
-            "Make every rank run the same loop, or raise straggler_timeout_s if the imbalance is expected."))
-
-    def _worker_error(self, message: FailedMessage, plan: Any) -> WorkerError:
-        rank = message.rank
-        node_ip = plan.node_ips[rank] if plan is not None and hasattr(plan, "node_ips") else ""
-        error = WorkerError(rank=rank, cause=message.cause, traceback_text=message.traceback_text, node_ip=node_ip)
-        if message.exception_payload is not None:
-            try:
-                error.__cause__ = cloudpickle.loads(message.exception_payload)
-            except Exception:  # noqa: BLE001 - the exception's class may not import on the driver
-                pass
-        return error
 
     # -- reports -----------------------------------------------------------------
 
@@ -314,28 +285,6 @@ class Controller:
 
     def _notify(self, hook: str, *args: Any) -> None:
         self.callback_runner.notify(hook, *args)
-
-
-# Errors a rank gets because a peer died or failed (its collective lost the connection):
-# they are consequences, and the peer's own failure is the one to report.
-_PEER_LOST_SIGNS = ("connection reset by peer", "connection closed by peer", "broken pipe",
-                    "nccl communicator was aborted", "remote process exited")
-
-
-def root_cause(failures: list[WorkerError]) -> WorkerError:
-    """The failure to report among those of one attempt: the first that is not a lost-peer echo."""
-    def is_echo(failure: WorkerError) -> bool:
-        return any(sign in failure.cause.lower() for sign in _PEER_LOST_SIGNS)
-
-    first = next((f for f in failures if not is_echo(f)), failures[0])
-    for other in failures:
-        if other is not first and other.rank != first.rank:
-            logger.info("Rank %d also failed, after rank %d: %s", other.rank, first.rank, other.cause[:300])
-    return first
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def _fmt_value(value: Any) -> str:

@@ -1,0 +1,69 @@
+"""Failures of a worker group: the restart policy and the error reported for a failed attempt. Driver only."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import cloudpickle
+
+from trainlib._internal.execution.messages import FailedMessage
+from trainlib.errors import WorkerError
+
+logger = logging.getLogger("trainlib")
+
+
+@dataclasses.dataclass(frozen=True)
+class FailurePolicy:
+    """Decides, after each failure, whether the group restarts."""
+
+    max_failures: int
+
+    def should_restart(self, failures_so_far: int) -> bool:
+        return self.max_failures < 0 or failures_so_far <= self.max_failures
+
+
+def worker_error(message: FailedMessage, plan: Any) -> WorkerError:
+    """The driver-side error for a rank's failure message (its original exception as ``__cause__``)."""
+    rank = message.rank
+    node_ip = plan.node_ips[rank] if plan is not None and hasattr(plan, "node_ips") else ""
+    error = WorkerError(rank=rank, cause=message.cause, traceback_text=message.traceback_text, node_ip=node_ip)
+    if message.exception_payload is not None:
+        try:
+            error.__cause__ = cloudpickle.loads(message.exception_payload)
+        except Exception:  # noqa: BLE001 - the exception's class may not import on the driver
+            pass
+    return error
+
+
+def straggler_error(running: list[int], done: list[int], waited: float, timeout_s: float) -> WorkerError:
+    """The failure of ranks still running ``timeout_s`` after the others finished."""
+    return WorkerError(rank=running[0], cause=(
+        f"{ranks_text(running)} still running {waited:.0f} s after {ranks_text(done)} finished the training "
+        f"function (FailureConfig.straggler_timeout_s={timeout_s:g}): a rank may be stuck (in a "
+        "collective its peers never joined, a data loader, I/O), or the ranks run different numbers of steps. "
+        "Make every rank run the same loop, or raise straggler_timeout_s if the imbalance is expected."))
+
+
+# Errors a rank gets because a peer died or failed (its collective lost the connection):
+# they are consequences, and the peer's own failure is the one to report.
+_PEER_LOST_SIGNS = ("connection reset by peer", "connection closed by peer", "broken pipe",
+                    "nccl communicator was aborted", "remote process exited")
+
+
+def root_cause(failures: list[WorkerError]) -> WorkerError:
+    """The failure to report among those of one attempt: the first that is not a lost-peer echo."""
+    def is_echo(failure: WorkerError) -> bool:
+        return any(sign in failure.cause.lower() for sign in _PEER_LOST_SIGNS)
+
+    first = next((f for f in failures if not is_echo(f)), failures[0])
+    for other in failures:
+        if other is not first and other.rank != first.rank:
+            logger.info("Rank %d also failed, after rank %d: %s", other.rank, first.rank, other.cause[:300])
+    return first
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """'rank 1' or 'ranks 1, 2'."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
