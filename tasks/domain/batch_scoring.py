@@ -98,13 +98,13 @@ def load_model(model: ResolvedModel) -> tuple[Any, bool]:
     """
     import mlflow
 
-    from trainlib.mlflow import _using_tracking_uri
+    from trainlib.mlflow import using_tracking_uri
 
     key = (model.tracking_uri, model.model_uri)
     with _LOAD_LOCK:
         loaded_now = key not in _LOADED
         if loaded_now:
-            with _using_tracking_uri(model.tracking_uri):
+            with using_tracking_uri(model.tracking_uri):
                 _LOADED[key] = mlflow.pyfunc.load_model(model.model_uri)
         return _LOADED[key], loaded_now
 

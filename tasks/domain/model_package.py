@@ -230,9 +230,9 @@ def log_and_register(network: torch.nn.Module, card: ModelCard, model_name: str,
     import mlflow
     from mlflow import MlflowClient
 
-    from trainlib.mlflow import _using_tracking_uri
+    from trainlib.mlflow import using_tracking_uri
 
-    with _using_tracking_uri(tracking_uri):
+    with using_tracking_uri(tracking_uri):
         info = mlflow.models.Model.log(
             artifact_path=None, name=MODEL_ARTIFACT_NAME, flavor=_ClassifierFlavor(network, card),
             flavor_name="python_function", registered_model_name=model_name, run_id=run_id)

@@ -91,13 +91,13 @@ def score_champion(model_name: str, tracking_uri: str, images: torch.Tensor, lab
     import mlflow
     from mlflow import MlflowClient
 
-    from trainlib.mlflow import _using_tracking_uri
+    from trainlib.mlflow import using_tracking_uri
 
     version = champion_version(MlflowClient(tracking_uri=tracking_uri), model_name)
     if version is None:
         return ChampionScore(version=None)
     try:
-        with _using_tracking_uri(tracking_uri):
+        with using_tracking_uri(tracking_uri):
             model = mlflow.pyfunc.load_model(f"models:/{model_name}/{version}")
         predicted = model.predict(images.numpy())["label"].to_numpy()
     except Exception as exc:  # noqa: BLE001 - any failure means "cannot be compared", with the reason kept

@@ -17,6 +17,6 @@ from trainlib.mlflow.errors import TrackingError
 from trainlib.mlflow.logger import MLflowLogger
 from trainlib.mlflow.model import log_model
 from trainlib.mlflow.spool import SpoolReplay
-from trainlib.mlflow.store import default_tracking_uri
+from trainlib.mlflow.store import default_tracking_uri, using_tracking_uri
 
-__all__ = ["MLflowLogger", "SpoolReplay", "TrackingError", "default_tracking_uri", "log_model"]
+__all__ = ["MLflowLogger", "SpoolReplay", "TrackingError", "default_tracking_uri", "log_model", "using_tracking_uri"]

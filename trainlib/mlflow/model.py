@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import posixpath
-from typing import Any, Iterator
+from typing import Any
 
-import mlflow
 from mlflow.tracking import MlflowClient
 
 from trainlib._internal.storage.run_record import RUN_STATE_FILE, RunRecord
 from trainlib._internal.util.filesystem import is_local_filesystem
 from trainlib.checkpoint import Checkpoint
-from trainlib.mlflow.store import STATE_KEY, default_tracking_uri
+from trainlib.mlflow.store import STATE_KEY, default_tracking_uri, using_tracking_uri
 
 
 def log_model(checkpoint: Checkpoint, model: Any, *, state_dict_file: str = "model.pt",
@@ -89,7 +86,7 @@ def log_model(checkpoint: Checkpoint, model: Any, *, state_dict_file: str = "mod
         example = example_tensor.detach().cpu().numpy()
         signature = infer_signature(example, output.detach().cpu().numpy())
 
-    with _using_tracking_uri(tracking_uri):
+    with using_tracking_uri(tracking_uri):
         active = mlflow.active_run()
         if run_id is None and active is None:
             raise ValueError(
@@ -109,22 +106,6 @@ def log_model(checkpoint: Checkpoint, model: Any, *, state_dict_file: str = "mod
             # Keep the training run's own end state and end time (FAILED stays FAILED).
             client.set_terminated(run_id, before.status, end_time=before.end_time)
         return info
-
-
-@contextlib.contextmanager
-def _using_tracking_uri(uri: str) -> Iterator[None]:
-    """Use ``uri`` as MLflow's tracking URI inside the block; restore the caller's setting after."""
-    previous_env = os.environ.get("MLFLOW_TRACKING_URI")
-    previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
-    mlflow.set_tracking_uri(uri)
-    try:
-        yield
-    finally:
-        mlflow.set_tracking_uri(previous)
-        if previous_env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = previous_env
 
 
 def _recorded_run(checkpoint: Checkpoint) -> dict[str, Any]:

@@ -87,3 +87,21 @@ def probe_tracking_server(tracking_uri: str, timeout_s: float | None = None) -> 
 
 # Where MLflowLogger keeps its state in the run record's callback state.
 STATE_KEY = "mlflow"
+
+
+@contextlib.contextmanager
+def using_tracking_uri(uri: str) -> Iterator[None]:
+    """Use ``uri`` as MLflow's tracking URI inside the block; restore the caller's setting after."""
+    previous_env = os.environ.get("MLFLOW_TRACKING_URI")
+    import mlflow
+
+    previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(previous)
+        if previous_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous_env
