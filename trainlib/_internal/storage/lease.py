@@ -153,7 +153,7 @@ class RunLease:
         except (ValueError, NotImplementedError):  # no exclusive mode: write, then check that it is ours
             if self.fs.exists(path):
                 return False
-            self.fs.pipe_file(path, data)
+            self.storage.write_bytes_atomic(path, data)  # makes the folders a pyarrow filesystem needs
             time.sleep(0.5)
             return self.fs.cat_file(path) == data
 

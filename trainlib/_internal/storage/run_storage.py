@@ -102,7 +102,11 @@ class RunStorage:
             else:
                 try:
                     self.fs.pipe_file(path, data)  # one PUT: atomic on object stores
-                except FileNotFoundError:  # a filesystem with real folders (e.g. a pyarrow one): make them
+                except FileNotFoundError:
+                    # A wrapped pyarrow filesystem has real folders: make them. On an object store the
+                    # error means a missing bucket, which is the user's to create (never created here).
+                    if type(self.fs).__name__ != "ArrowFSWrapper":
+                        raise
                     self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
                     self.fs.pipe_file(path, data)
 
