@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import os
 import posixpath
+import socket
 import threading
 import time
 import uuid
@@ -41,6 +42,11 @@ from trainlib._internal.util.atomic import atomic_write
 from trainlib.errors import RunInUseError
 
 logger = logging.getLogger("trainlib")
+
+# Owner ids of the leases this process holds now. A lease recorded for this very process but not
+# held any more (its release could not be written, e.g. storage was down as the run failed) is
+# ended: the next fit() in the same process takes the run over instead of waiting for the TTL.
+_HELD_HERE: set[str] = set()
 
 class RunLease:
     """The lease of one run folder, held by this driver from :meth:`acquire` to :meth:`release`.
@@ -66,12 +72,15 @@ class RunLease:
             current = self._current()
             if current is not None:
                 reason = current.stale_reason()
+                if reason is None and _ended_in_this_process(current):
+                    reason = "its driver in this process ended without recording the release"
                 if reason is None:
                     raise self._in_use(current)
                 self.previous = current
             record = LeaseRecord.mine(generation=(current.generation if current else 0) + 1)
             if self._create(self._path(record.generation), record.to_bytes()):
                 self.record = record
+                _HELD_HERE.add(record.owner_id)
                 if current is not None and current.released_at is None:
                     logger.warning("Run %s: taking over from its previous driver (%s): %s.", self.storage.uri(),
                                    current.describe(), current.stale_reason())
@@ -218,6 +227,8 @@ class RunLease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self.record is not None:
+            _HELD_HERE.discard(self.record.owner_id)
         if self.record is None or self.lost:
             return
         self.record = dataclasses.replace(self.record, released_at=time.time())
@@ -226,6 +237,10 @@ class RunLease:
         except Exception as exc:  # noqa: BLE001 - the lease then expires after its TTL
             logger.warning("Could not release the run lease of %s (%s); it expires in %.0fs.", self.storage.uri(),
                            exc, tunables.LEASE_TTL_S)
+
+
+def _ended_in_this_process(lease: LeaseRecord) -> bool:
+    return lease.pid == os.getpid() and lease.host == socket.gethostname() and lease.owner_id not in _HELD_HERE
 
 
 def read_lease(storage: Any) -> LeaseRecord | None:
