@@ -153,9 +153,9 @@ def run_training(settings: TrainingSettings, dataset: StagedDataset, callbacks: 
 
 
 def chosen_checkpoint(result: trainlib.Result) -> trainlib.Checkpoint:
-    """The best kept checkpoint (by the score attribute; newest first without one), else the latest."""
+    """The best kept checkpoint (by the score attribute; the newest without one), else the latest."""
     if result.best_checkpoints:
-        return result.best_checkpoints[0][0]
+        return result.best_checkpoints[-1][0]  # Ray Train's order: best last
     if result.checkpoint is None:
         raise RuntimeError(f"Training run {result.path} committed no checkpoint: the training function must "
                            "report one with trainlib.report(metrics, checkpoint=...).")

@@ -239,7 +239,7 @@ class MLflowLogger(Callback):
         if self.log_checkpoints in ("best", "last"):
             chosen = result.checkpoint
             if self.log_checkpoints == "best" and result.best_checkpoints:
-                chosen = result.best_checkpoints[0][0]
+                chosen = result.best_checkpoints[-1][0]  # Ray Train's order: best last
             if chosen is not None:
                 self._emit({"kind": "tags", "tags": {f"trainlib.{self.log_checkpoints}_checkpoint": chosen.uri}})
                 self._emit_checkpoint(chosen)
