@@ -17,10 +17,10 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 
 import pytest
+from http_health import healthy
 
 import trainlib
 from cluster_harness import BIN, HEAD_IP, REPO_ROOT, LocalRayCluster, can_hide_code, free_port
@@ -42,20 +42,12 @@ MIRROR = FASHION_MNIST_MIRROR
 PROJECT_MODULES = [os.path.join(REPO_ROOT, p) for p in ("trainlib", "tasks", "flows")]
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 def _start_server(cmd: list[str], health_url: str, log_path: str, env: dict[str, str]) -> subprocess.Popen:
     with open(log_path, "wb") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if _healthy(health_url):
+        if healthy(health_url):
             return process
         if process.poll() is not None:
             break

@@ -22,6 +22,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+from http_health import healthy
 
 from conftest import REPO_ROOT, free_port
 from model_helpers import needs_data, real_images, register_network, tiny_trained_network
@@ -56,7 +57,7 @@ def services(tmp_path_factory):
         version, _ = register_network(network, mlflow_server.uri, MODEL_NAME)
         api_url = f"http://127.0.0.1:{port}/api"
         deadline = time.monotonic() + 120
-        while not _healthy(f"{api_url}/health"):
+        while not healthy(f"{api_url}/health"):
             if prefect_server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the Prefect server did not start:\n{(root / 'prefect.log').read_text()[-3000:]}")
             time.sleep(0.3)
@@ -73,14 +74,6 @@ def services(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(prefect_server.pid, signal.SIGKILL)
         mlflow_server.stop()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def _api(services, path: str, body: dict | None = None):

@@ -30,6 +30,7 @@ import time
 import urllib.request
 
 import pytest
+from http_health import healthy
 
 from conftest import FASHION_MNIST_MIRROR, REPO_ROOT, free_port
 
@@ -49,18 +50,10 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or (os.path.exists("/usr/bin/chromium") and "/usr/bin/chromium") or None
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-def _wait_healthy(url: str, process: subprocess.Popen, log_path: str, timeout_s: float = 120) -> None:
+def _waithealthy(url: str, process: subprocess.Popen, log_path: str, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if _healthy(url):
+        if healthy(url):
             return
         if process.poll() is not None:
             break
@@ -95,7 +88,7 @@ def services(tmp_path_factory):
             [f"{BIN}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        _wait_healthy(f"{api_url}/health", server, log_path)
+        _waithealthy(f"{api_url}/health", server, log_path)
         home = root / "trainlib_home"
         client_env = dict(env, PREFECT_API_URL=api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false",
                           TRAINLIB_HOME=str(home), PYTHONPATH=REPO_ROOT)
