@@ -16,8 +16,8 @@ import dataclasses
 import hashlib
 import http.client
 import logging
+import math
 import os
-import time
 import urllib.parse
 import urllib.request
 import uuid
@@ -27,13 +27,15 @@ from typing import Any
 import fsspec
 
 from tasks.domain.dataset_registry import DatasetSpec, get_dataset_spec
-from tasks.domain.retry import DEFAULT_ATTEMPTS, DEFAULT_BACKOFF_S, describe_error, is_transient
 from tasks.domain.urls import expand_path, is_url, mask_url
+from trainlib.retry import describe_error, is_transient, with_retries
 
 logger = logging.getLogger("trainlib")
 
 MIRRORS_ENV_VAR = "TRAINLIB_DATA_MIRRORS"
 DEFAULT_TIMEOUT_S = 60.0  # per socket operation of one HTTP download
+DEFAULT_ATTEMPTS = 3     # tries per mirror on transient errors
+DEFAULT_BACKOFF_S = 1.0  # about the wait before the 2nd try; doubles for each further one
 CHUNK_BYTES = 1 << 20
 
 
@@ -113,8 +115,9 @@ def fetch_dataset(
             by :func:`write_idx_dataset` or staged copies (pass ``files.md5s``).
         timeout_s: socket timeout of each HTTP request.
         attempts_per_mirror: tries per mirror on transient network errors
-            (connection refused or reset, timeouts, HTTP 5xx/429).
-        backoff_s: wait before the second try; doubles for each further one.
+            (connection refused or reset, timeouts, HTTP 5xx/429), as :func:`trainlib.retry.is_transient`
+            decides.
+        backoff_s: about the wait before the second try (jittered); doubles for each further one.
         storage_options: passed to fsspec for fsspec mirrors (e.g. an S3 endpoint).
 
     Returns:
@@ -263,21 +266,21 @@ class _Fetcher:
 
     def _download(self, url: str, tmp: str) -> tuple[str | None, str | None, bool]:
         """Copy ``url`` to ``tmp``, retrying transient errors: ``(md5, error, error_was_transient)``."""
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return _copy_to(url, tmp, self.timeout_s, self.storage_options), None, False
-            except Exception as exc:  # noqa: BLE001 - classified and reported below
-                transient = is_transient(exc)
-                error = describe_error(exc).replace(url, mask_url(url))
-                if not transient:
-                    return None, error, False
-                if attempt == self.attempts:
-                    return None, f"{error} (after {attempt} attempt(s))", True
-                delay = self.backoff_s * 2 ** (attempt - 1)
-                logger.warning("Fetching %s failed (%s); retrying in %.1fs (attempt %d of %d).",
-                               mask_url(url), error, delay, attempt, self.attempts)
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+        tries = 0
+
+        def copy() -> str:
+            nonlocal tries
+            tries += 1
+            return _copy_to(url, tmp, self.timeout_s, self.storage_options)
+
+        try:
+            return with_retries(f"Fetching {mask_url(url)}", copy, attempts=self.attempts,
+                                base_delay_s=self.backoff_s, max_delay_s=math.inf, error=None), None, False
+        except Exception as exc:  # noqa: BLE001 - reported with every other mirror's error
+            error = describe_error(exc).replace(url, mask_url(url))
+            if not is_transient(exc):
+                return None, error, False
+            return None, f"{error} (after {tries} attempt(s))", True
 
 
 def _copy_to(url: str, tmp: str, timeout_s: float, storage_options: dict[str, Any]) -> str:

@@ -25,8 +25,8 @@ from typing import Any
 import fsspec
 
 from tasks.domain.dataset_fetch import DatasetDownloadError, DatasetFiles, fetch_dataset
-from tasks.domain.retry import retry_with_backoff
 from tasks.domain.urls import expand_path, join_url, mask_url
+from trainlib.retry import describe_error, with_retries
 
 logger = logging.getLogger("trainlib")
 
@@ -118,14 +118,14 @@ def stage_dataset(files: DatasetFiles, storage_url: str | os.PathLike,
                     continue
             except FileNotFoundError:
                 pass
-            retry_with_backoff(what, lambda: _put(fs, path, dest, local))
+            with_retries(what, lambda: _put(fs, path, dest, local), error=None)
             if fs.info(dest).get("size") != size:
                 raise OSError(f"{dest} has size {fs.info(dest).get('size')} after upload, expected {size}")
         except Exception as exc:  # noqa: BLE001 - reported with what to do
             raise DatasetDownloadError(
-                f"{what} failed: {type(exc).__name__}: {exc}. Check storage_url (bucket name, path) and "
+                f"{what} failed: {describe_error(exc)}. Check storage_url (bucket name, path) and "
                 "storage_options (credentials, endpoint), and that the storage is writable.",
-                dataset=files.name, filename=filename, attempts=[(shown, f"{type(exc).__name__}: {exc}")],
+                dataset=files.name, filename=filename, attempts=[(shown, describe_error(exc))],
             ) from None
         uploaded.append(filename)
     logger.info("Staged %s to %s: uploaded %s, skipped (already there) %s.", files.name, shown,

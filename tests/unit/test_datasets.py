@@ -57,6 +57,14 @@ class _Server:
 
             def do_GET(self):
                 server.requests.append(self.path)
+                if self.path.startswith("/busy/"):  # an overloaded server, every time
+                    self.send_error(503)
+                    return
+                if self.path.startswith("/flaky/"):  # busy once per file, then serves /good/
+                    if server.requests.count(self.path) == 1:
+                        self.send_error(503)
+                        return
+                    self.path = "/good/" + self.path[len("/flaky/"):]
                 super().do_GET()
 
             def log_message(self, *args):
@@ -198,6 +206,26 @@ def test_http_missing_file_falls_back(tmp_path, http_mirrors):
     assert files.downloaded == tuple(FILES)
     # A 404 is not retried: one request per file on /empty/.
     assert sum(r.startswith("/empty/") for r in server.requests) == len(FILES)
+
+
+def test_http_server_errors_are_retried(tmp_path, http_mirrors):
+    server, md5s = http_mirrors
+    files = fetch_dataset("fashion-mnist", tmp_path / "cache", [server.url + "/flaky/"], md5s=md5s, **FAST)
+    assert files.downloaded == tuple(FILES)
+    # A 503 is retried: two requests per file, the second one served.
+    assert sorted(server.requests) == sorted(f"/flaky/{f}" for f in FILES for _ in range(2))
+
+
+def test_http_server_busy_everywhere_is_a_transient_failure(tmp_path, http_mirrors):
+    server, md5s = http_mirrors
+    with pytest.raises(DatasetDownloadError) as info:
+        fetch_dataset("fashion-mnist", tmp_path / "cache", [server.url + "/busy/", server.url + "/empty/"],
+                      md5s=md5s, attempts_per_mirror=2, **FAST)
+    assert info.value.attempts == (
+        (f"{server.url}/busy/{FILES[0]}", "HTTP 503 Service Unavailable (after 2 attempt(s))"),
+        (f"{server.url}/empty/{FILES[0]}", "HTTP 404 File not found"),
+    )
+    assert server.requests == [f"/busy/{FILES[0]}"] * 2 + [f"/empty/{FILES[0]}"]
 
 
 def test_http_corrupt_everywhere_names_file_and_md5s(tmp_path, http_mirrors):

@@ -27,7 +27,7 @@ from trainlib._internal.storage.commits import COMMIT_MARKER
 from trainlib._internal.storage.run_record import RUN_STATE_FILE, RunRecord, RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib._internal.util import filesystem as filesystem_mod
-from trainlib._internal.util.retry import with_retries
+from trainlib.retry import with_retries
 from trainlib.errors import StorageError
 from trainlib.torch import TorchTrainer
 
