@@ -89,9 +89,9 @@ def bench_scoring(tracking_uri: str, input_url: str, out_dir: str, workers: int)
                                        model_name=MODEL_NAME, mlflow_tracking_uri=tracking_uri, chunk_size=2500,
                                        num_workers=workers))
     wall = time.perf_counter() - started
-    return {"workers": workers, "images": summary["images"], "chunks": summary["chunks"],
-            "score_seconds": summary["score_seconds"], "images_per_s": summary["images"] / summary["score_seconds"],
-            "flow_wall_s": wall, "flow_images_per_s": summary["images"] / wall}
+    return {"workers": workers, "images": summary.images, "chunks": summary.chunks,
+            "score_seconds": summary.score_seconds, "images_per_s": summary.images / summary.score_seconds,
+            "flow_wall_s": wall, "flow_images_per_s": summary.images / wall}
 
 
 def bench_serving(tracking_uri: str, images, requests: int, log_path: str) -> dict:

@@ -143,13 +143,13 @@ def main() -> None:
                     experiment_name="bench", model_name=f"bench-{epochs}ep", limit=args.limit,
                     test_limit=args.test_limit, recipe=args.recipe))
             wall = time.perf_counter() - started
-            train_start, train_end = summary.stage_windows["train"]
+            train = summary.stage_times.train
             runs.append({
                 "epochs": epochs, "recipe": args.recipe, "limit": args.limit, "test_limit": args.test_limit, "pipeline_wall_s": wall,
-                "stage_seconds": summary.stage_seconds, "fit_seconds": summary.fit_seconds,
+                "stage_seconds": summary.stage_times.seconds(), "fit_seconds": summary.fit_seconds,
                 "overhead_beyond_fit_s": wall - summary.fit_seconds, "test_accuracy": summary.test_accuracy,
                 "test_loss": summary.test_loss, "training_metrics": summary.training_metrics,
-                "services_cpu_share_while_training": sampler.share_of_machine(train_start, train_end),
+                "services_cpu_share_while_training": sampler.share_of_machine(train.started_at, train.ended_at),
                 "services_cpu_seconds_whole_run": sampler.cpu_seconds_by_process(),
             })
             print(json.dumps(runs[-1], indent=1), flush=True)

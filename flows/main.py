@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: PipelineSummary = state.result()
     print(f"\nTest accuracy {summary.test_accuracy:.2%}; {summary.model_name} version {summary.model_version}: "
           f"{summary.decision}")
-    print("Seconds per stage: " + json.dumps({k: round(v, 1) for k, v in summary.stage_seconds.items()}))
+    print("Seconds per stage: " + json.dumps({k: round(v, 1) for k, v in summary.stage_times.seconds().items()}))
     return 0
 
 

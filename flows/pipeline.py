@@ -72,6 +72,42 @@ class PipelineRun:
 
 
 @dataclasses.dataclass(frozen=True)
+class StageTime:
+    """How long one step took: ``seconds`` (monotonic) and its wall-clock window (``time.time()``)."""
+
+    seconds: float
+    started_at: float
+    ended_at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StageTimes:
+    """The time of each of the pipeline's four steps."""
+
+    download: StageTime
+    train: StageTime
+    evaluate: StageTime
+    register: StageTime
+
+    def seconds(self) -> dict[str, float]:
+        """Step name -> seconds, for printing and benchmark records."""
+        return {field.name: getattr(self, field.name).seconds for field in dataclasses.fields(self)}
+
+
+class _Stopwatch:
+    """Times the block it guards; ``time`` is its :class:`StageTime` once the block ends."""
+
+    time: StageTime
+
+    def __enter__(self) -> "_Stopwatch":
+        self._started, self._wall = time.perf_counter(), time.time()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.time = StageTime(time.perf_counter() - self._started, self._wall, time.time())
+
+
+@dataclasses.dataclass(frozen=True)
 class PipelineSummary:
     """What one pipeline run produced, as the flow returns it.
 
@@ -85,8 +121,8 @@ class PipelineSummary:
         downloaded_files: data-set files fetched from a mirror by this run (empty: all from the cache).
         training_metrics: the last report's metrics.
         fit_seconds: trainlib's ``fit()`` wall time (0 when a finished training was read back).
-        stage_seconds: seconds per step (download, train, evaluate, register).
-        stage_windows: wall-clock (start, end) per step, for benchmarks that sample other processes.
+        stage_times: seconds and wall-clock window of each step (download, train, evaluate, register); the
+            windows are for benchmarks that sample other processes.
     """
 
     run_path: str
@@ -104,8 +140,7 @@ class PipelineSummary:
     downloaded_files: list[str]
     training_metrics: dict[str, Any]
     fit_seconds: float
-    stage_seconds: dict[str, float]
-    stage_windows: dict[str, tuple[float, float]]
+    stage_times: StageTimes
 
 
 def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) -> PipelineRun:
@@ -139,37 +174,31 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
     # joined already (a notebook, a test) gets it per task, or their Prefect events would go nowhere.
     params = run.params
     check_cluster_reach(current_api_url(), run.mlflow_tracking_uri, run.training.storage_path, params.mirrors)
-    seconds: dict[str, float] = {}
-    windows: dict[str, tuple[float, float]] = {}  # wall-clock start and end of each step (for benchmarks)
-    started, wall = time.perf_counter(), time.time()
-    staged = download_dataset.submit(params.dataset, params.mirrors, run.data_cache_dir,
-                                     join_url(run.training.storage_path, "datasets")).result()
-    seconds["download"], windows["download"] = time.perf_counter() - started, (wall, time.time())
+    with _Stopwatch() as download_time:
+        staged = download_dataset.submit(params.dataset, params.mirrors, run.data_cache_dir,
+                                         join_url(run.training.storage_path, "datasets")).result()
 
-    started, wall = time.perf_counter(), time.time()
-    board = ProgressBoard.remote()  # rank 0 tells it where it is within the epoch; the display reads it
-    display = ProgressDisplay(board, get_run_logger(), key=artifact_key("training-progress", params.model_name),
-                              description=f"Training run {run.training.run_name}")
-    train = train_model.with_options(timeout_seconds=params.train_timeout_s)
-    try:
-        with display, remote_options(num_cpus=0, num_gpus=0):  # the DDP workers hold the CPUs/GPUs
-            training = train.submit(staged, run.training, run.mlflow_tracking_uri, params.experiment_name,
-                                    run.tags, BoardSink(board)).result()
-    finally:
-        ray.kill(board)
-    seconds["train"], windows["train"] = time.perf_counter() - started, (wall, time.time())
+    with _Stopwatch() as train_time:
+        board = ProgressBoard.remote()  # rank 0 tells it where it is within the epoch; the display reads it
+        display = ProgressDisplay(board, get_run_logger(), key=artifact_key("training-progress", params.model_name),
+                                  description=f"Training run {run.training.run_name}")
+        train = train_model.with_options(timeout_seconds=params.train_timeout_s)
+        try:
+            with display, remote_options(num_cpus=0, num_gpus=0):  # the DDP workers hold the CPUs/GPUs
+                training = train.submit(staged, run.training, run.mlflow_tracking_uri, params.experiment_name,
+                                        run.tags, BoardSink(board)).result()
+        finally:
+            ray.kill(board)
 
-    started, wall = time.perf_counter(), time.time()
-    comparison = evaluate.submit(training, staged, run.data_cache_dir, params.test_limit, run.mlflow_tracking_uri,
-                                 params.model_name).result()
+    with _Stopwatch() as evaluate_time:
+        comparison = evaluate.submit(training, staged, run.data_cache_dir, params.test_limit, run.mlflow_tracking_uri,
+                                     params.model_name).result()
     report = comparison.report
-    seconds["evaluate"], windows["evaluate"] = time.perf_counter() - started, (wall, time.time())
 
-    started, wall = time.perf_counter(), time.time()
-    card = ModelCard(dataset=dataset_identity(staged), recipe=run.training.recipe.record())
-    registration = register.submit(training, comparison, card, params.model_name, run.mlflow_tracking_uri,
-                                   params.min_margin, run.tags).result()
-    seconds["register"], windows["register"] = time.perf_counter() - started, (wall, time.time())
+    with _Stopwatch() as register_time:
+        card = ModelCard(dataset=dataset_identity(staged), recipe=run.training.recipe.record())
+        registration = register.submit(training, comparison, card, params.model_name, run.mlflow_tracking_uri,
+                                       params.min_margin, run.tags).result()
 
     return PipelineSummary(
         run_path=training.run_path, checkpoint=training.checkpoint_uri, mlflow_run_id=training.mlflow_run_id,
@@ -178,7 +207,9 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
         decision=registration.decision.reason, test_accuracy=report.accuracy, test_loss=report.loss,
         champion_test_accuracy=comparison.champion.accuracy, recipe=params.recipe,
         downloaded_files=list(staged.downloaded), training_metrics=training.metrics,
-        fit_seconds=training.seconds, stage_seconds=seconds, stage_windows=windows)
+        fit_seconds=training.seconds,
+        stage_times=StageTimes(download=download_time.time, train=train_time.time, evaluate=evaluate_time.time,
+                               register=register_time.time))
 
 
 @flow(name=FLOW_NAME, flow_run_name=flow_run_name, validate_parameters=True)

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from flows.params import NAME_PATTERN
 from flows.task_runner import current_api_url, ray_worker_env
-from tasks.domain.batch_scoring import output_format
+from tasks.domain.batch_scoring import ScoringSummary, output_format
 from tasks.domain.home import PipelineHome
 from tasks.domain.promotion import CHAMPION_ALIAS
 from tasks.domain.urls import expand_path, mask_url
@@ -90,7 +90,7 @@ def _task_runner(params: ScoreParams, api_url: str) -> RayTaskRunner:
 
 
 @flow(name="score-steps")
-def score_steps(params: ScoreParams, input_url: str, output_url: str, tracking_uri: str) -> dict[str, Any]:
+def score_steps(params: ScoreParams, input_url: str, output_url: str, tracking_uri: str) -> ScoringSummary:
     """Resolve, read, score in chunks, write: each a task on the Ray cluster."""
     model_future = resolve_model.submit(params.model_name, params.alias, tracking_uri)
     images = read_input.submit(input_url, params.storage_options).result()
@@ -106,18 +106,18 @@ def score_steps(params: ScoreParams, input_url: str, output_url: str, tracking_u
     if len(predictions) != len(images):
         raise RuntimeError(f"Scored {len(predictions)} of {len(images)} images; nothing was written.")
     url = write_output.submit(predictions, output_url, params.storage_options, model, input_url).result()
-    counts = predictions["class"].value_counts()
-    return {"output_url": url, "images": len(predictions), "chunks": chunks, "model_name": model.name,
-            "model_version": model.version, "alias": model.alias, "score_seconds": score_seconds,
-            "class_counts": {str(k): int(v) for k, v in counts.items()}}
+    return ScoringSummary.of(predictions, model, url, chunks, score_seconds)
 
 
 @flow(name=FLOW_NAME, validate_parameters=True)
-def score_images(params: ScoreParams) -> dict[str, Any]:
+def score_images(params: ScoreParams) -> ScoringSummary:
     """Score a set of images with a registered model alias; write the predictions and a class histogram.
 
     Args:
         params: see :class:`ScoreParams`; ``input_url`` and ``output_url`` are required.
+
+    Returns:
+        The :class:`~tasks.domain.batch_scoring.ScoringSummary`: file written, images, version, histogram.
     """
     logger = get_run_logger()
     api_url = current_api_url()
@@ -127,6 +127,6 @@ def score_images(params: ScoreParams) -> dict[str, Any]:
                 mask_url(tracking_uri), mask_url(output_url))
     steps = score_steps.with_options(task_runner=_task_runner(params, api_url))
     summary = steps(params, input_url, output_url, tracking_uri)
-    logger.info("Done: %d images, %s version %s, predictions in %s", summary["images"], summary["model_name"],
-                summary["model_version"], mask_url(summary["output_url"]))
+    logger.info("Done: %d images, %s version %s, predictions in %s", summary.images, summary.model_name,
+                summary.model_version, mask_url(summary.output_url))
     return summary

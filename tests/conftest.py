@@ -33,5 +33,14 @@ def ray_session():
 
 
 @pytest.fixture
+def fast_retries(monkeypatch):
+    """Storage retries without the waits (same number of attempts)."""
+    from trainlib._internal import tunables
+
+    monkeypatch.setattr(tunables, "STORAGE_RETRY_BASE_DELAY_S", 0.001)
+    monkeypatch.setattr(tunables, "STORAGE_RETRY_MAX_DELAY_S", 0.002)
+
+
+@pytest.fixture
 def storage_path(tmp_path):
     return str(tmp_path / "runs")

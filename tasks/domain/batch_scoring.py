@@ -153,6 +153,39 @@ def class_histogram(predictions: pd.DataFrame) -> list[ClassCount]:
     return [ClassCount(int(label), str(name), int(n), n / total) for (label, name), n in counts.items()]
 
 
+@dataclasses.dataclass(frozen=True)
+class ScoringSummary:
+    """What one batch-scoring run did: the scoring flow's result.
+
+    Attributes:
+        output_url: the predictions file written.
+        images: images scored (one row each in the file).
+        chunks: scoring tasks the images were split into.
+        model_name: the registered model.
+        model_version: the version that scored every image.
+        alias: the alias resolved to that version.
+        score_seconds: wall time of the scoring tasks (reading and writing excluded).
+        histogram: images per predicted class, most frequent first.
+    """
+
+    output_url: str
+    images: int
+    chunks: int
+    model_name: str
+    model_version: str
+    alias: str
+    score_seconds: float
+    histogram: tuple[ClassCount, ...]
+
+    @classmethod
+    def of(cls, predictions: pd.DataFrame, model: ResolvedModel, output_url: str, chunks: int,
+           score_seconds: float) -> "ScoringSummary":
+        """The summary of ``predictions`` scored by ``model`` in ``chunks`` tasks and written to ``output_url``."""
+        return cls(output_url=output_url, images=len(predictions), chunks=chunks, model_name=model.name,
+                   model_version=model.version, alias=model.alias, score_seconds=score_seconds,
+                   histogram=tuple(class_histogram(predictions)))
+
+
 def output_format(output_url: str) -> str:
     """``parquet`` or ``csv`` from the output's extension.
 

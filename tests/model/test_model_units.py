@@ -4,6 +4,7 @@ writer, the recipes, and the promotion rule with a margin. No servers (S3 is mot
 from __future__ import annotations
 
 import ast
+import dataclasses
 import gzip
 import os
 import struct
@@ -122,6 +123,26 @@ def test_predictions_are_written_atomically_and_read_back(tmp_path):
     assert [(c.class_name, c.images) for c in class_histogram(frame)] == [("Trouser", 2), ("Ankle boot", 1)]
     with pytest.raises(ValueError, match=r"\.parquet or \.csv"):
         output_format("p.json")
+
+
+def test_scoring_summary_of_a_run():
+    import pickle
+
+    from tasks.domain.batch_scoring import ClassCount, ResolvedModel, ScoringSummary
+
+    frame = pd.DataFrame({"image_id": ["0", "1", "2"], "label": [9, 1, 9],
+                          "class": ["Ankle boot", "Trouser", "Ankle boot"], "probability": [0.9, 0.8, 0.7],
+                          "model_name": "m", "model_version": "3"})
+    model = ResolvedModel(name="m", alias="champion", version="3", tracking_uri="http://u:pw@mlflow:5000")
+    summary = ScoringSummary.of(frame, model, "s3://b/p.parquet", chunks=2, score_seconds=1.5)
+    assert (summary.output_url, summary.images, summary.chunks) == ("s3://b/p.parquet", 3, 2)
+    assert summary.score_seconds == 1.5
+    assert (summary.model_name, summary.model_version, summary.alias) == ("m", "3", "champion")
+    assert summary.histogram == (ClassCount(9, "Ankle boot", 2, 2 / 3), ClassCount(1, "Trouser", 1, 1 / 3))
+    # The flow's result is stored by Prefect: picklable, and it never carries the tracking URI's password.
+    assert pickle.loads(pickle.dumps(summary)) == summary and "pw" not in repr(summary)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        summary.images = 4
 
 
 def test_reader_and_writer_on_s3(tmp_path, monkeypatch):

@@ -176,6 +176,9 @@ def test_png_folder_input_with_csv_output(services, inputs, tmp_path, ray_sessio
     state = _run_in_process(services, ray_session, input_url=inputs["pngs"], output_url=output, chunk_size=128)
     assert state.is_completed(), state.message
     predictions = read_predictions(output)
+    summary = state.result()  # the flow's ScoringSummary
+    assert (summary.output_url, summary.images, summary.model_version) == (output, N_IMAGES, services["version"])
+    assert {c.class_name: c.images for c in summary.histogram} == predictions["class"].value_counts().to_dict()
     assert predictions["label"].tolist() == _pyfunc_labels(inputs["pixels"])
     assert predictions["image_id"].tolist()[:2] == ["image_00000.png", "image_00001.png"]
 

@@ -288,3 +288,21 @@ def test_progress_meter_publishes_at_most_every_interval_and_the_last_step():
             raise ConnectionError("board gone")
 
     ProgressMeter(Broken(), epochs=1, steps=1, world_size=1).start_epoch(0)  # never raises into training
+
+
+def test_stage_times_are_typed_and_name_every_step():
+    import pickle
+    import time
+
+    from flows.pipeline import StageTimes, _Stopwatch
+
+    watches = []
+    for _ in range(4):
+        with _Stopwatch() as watch:
+            time.sleep(0.01)
+        watches.append(watch.time)
+    times = StageTimes(*watches)
+    assert list(times.seconds()) == ["download", "train", "evaluate", "register"]
+    assert all(0.005 < s < 60 for s in times.seconds().values())
+    assert times.train.started_at <= times.train.ended_at <= times.evaluate.started_at
+    assert pickle.loads(pickle.dumps(times)) == times  # the flow's result is stored by Prefect

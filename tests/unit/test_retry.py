@@ -66,10 +66,43 @@ def test_describe_error_is_one_line():
     assert describe_error(TimeoutError("read timed out")) == "TimeoutError: read timed out"
 
 
-@pytest.fixture
-def fast_retries(monkeypatch):
-    monkeypatch.setattr(tunables, "STORAGE_RETRY_BASE_DELAY_S", 0.001)
-    monkeypatch.setattr(tunables, "STORAGE_RETRY_MAX_DELAY_S", 0.002)
+# -- with_retries (fast_retries: tests/conftest.py) ---------------------------------
+
+
+def test_transient_errors_are_retried(fast_retries):
+    attempts = []
+
+    def flaky():
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise ConnectionError("connection reset by peer")
+        return "ok"
+
+    assert with_retries("uploading x", flaky) == "ok" and len(attempts) == 3
+
+
+def test_retries_give_up_with_a_storage_error(fast_retries):
+    def down():
+        raise TimeoutError("read timed out")
+
+    with pytest.raises(StorageError) as info:
+        with_retries("uploading model.pt to s3://b/run/checkpoint_000001/model.pt", down)
+    text = str(info.value)
+    assert f"after {tunables.STORAGE_RETRY_ATTEMPTS} attempts" in text
+    assert "s3://b/run/checkpoint_000001/model.pt" in text and "TimeoutError: read timed out" in text
+    assert "reachable" in text
+
+
+def test_permanent_errors_are_not_retried(fast_retries):
+    attempts = []
+
+    def missing():
+        attempts.append(1)
+        raise FileNotFoundError("no such key")
+
+    with pytest.raises(FileNotFoundError):
+        with_retries("reading x", missing)
+    assert len(attempts) == 1
 
 
 def test_without_error_class_the_last_error_is_raised(fast_retries):

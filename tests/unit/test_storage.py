@@ -21,13 +21,11 @@ import fsspec
 import pytest
 
 import trainlib
-from trainlib._internal import tunables
 from trainlib._internal.execution.run import open_run
 from trainlib._internal.storage.commits import COMMIT_MARKER
 from trainlib._internal.storage.run_record import RUN_STATE_FILE, RunRecord, RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib._internal.util import filesystem as filesystem_mod
-from trainlib.retry import with_retries
 from trainlib.errors import StorageError
 from trainlib.torch import TorchTrainer
 
@@ -256,51 +254,6 @@ def test_run_state_write_is_atomic(tmp_path, monkeypatch):
         storage.write_json_atomic(storage.join(RUN_STATE_FILE), {"status": "FINISHED"})
     monkeypatch.undo()
     assert RunRecord.load(storage).status is RunStatus.RUNNING
-
-
-# -- retries -------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fast_retries(monkeypatch):
-    monkeypatch.setattr(tunables, "STORAGE_RETRY_BASE_DELAY_S", 0.001)
-    monkeypatch.setattr(tunables, "STORAGE_RETRY_MAX_DELAY_S", 0.002)
-
-
-def test_transient_errors_are_retried(fast_retries):
-    attempts = []
-
-    def flaky():
-        attempts.append(1)
-        if len(attempts) < 3:
-            raise ConnectionError("connection reset by peer")
-        return "ok"
-
-    assert with_retries("uploading x", flaky) == "ok" and len(attempts) == 3
-
-
-def test_retries_give_up_with_a_storage_error(fast_retries):
-    def down():
-        raise TimeoutError("read timed out")
-
-    with pytest.raises(StorageError) as info:
-        with_retries("uploading model.pt to s3://b/run/checkpoint_000001/model.pt", down)
-    text = str(info.value)
-    assert f"after {tunables.STORAGE_RETRY_ATTEMPTS} attempts" in text
-    assert "s3://b/run/checkpoint_000001/model.pt" in text and "TimeoutError: read timed out" in text
-    assert "reachable" in text
-
-
-def test_permanent_errors_are_not_retried(fast_retries):
-    attempts = []
-
-    def missing():
-        attempts.append(1)
-        raise FileNotFoundError("no such key")
-
-    with pytest.raises(FileNotFoundError):
-        with_retries("reading x", missing)
-    assert len(attempts) == 1
 
 
 def test_metrics_log_on_object_storage_is_rewritten_whole(tmp_path):
