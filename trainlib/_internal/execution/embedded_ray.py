@@ -25,6 +25,11 @@ from trainlib._internal.execution.ray_connect import probe_ray_address
 
 logger = logging.getLogger("trainlib")
 
+# Modules Ray's prestarted workers import before accepting work: the raylet starts one worker
+# per CPU as soon as the driver connects, so torch (~1-2 s a process) loads while the driver
+# prepares storage and the placement group, not after the actors are created on those workers.
+WORKER_PRELOAD_MODULES = ("torch", "torch.distributed", "trainlib._internal.execution.worker")
+
 # Daemons of a local head node that an embedded trainlib run never uses (Ray's process-type names).
 UNUSED_DAEMONS = ("dashboard", "monitor")
 
@@ -46,7 +51,8 @@ def ensure_ray() -> None:
         return
     # address="local": without it Ray joins the last cluster started on this machine
     # (/tmp/ray/ray_current_cluster), which may be someone else's.
-    ray.init(address="local", include_dashboard=False, log_to_driver=True)
+    ray.init(address="local", include_dashboard=False, log_to_driver=True,
+             _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)})
     _started_here = True
     stop_unused_daemons()
     # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).
