@@ -62,9 +62,9 @@ def register(tracking_uri: str, mirror: str) -> str:
 def bench_pyfunc(tracking_uri: str, images) -> dict:
     import mlflow
 
-    from trainlib.mlflow import _using_tracking_uri
+    from trainlib.mlflow import using_tracking_uri
 
-    with _using_tracking_uri(tracking_uri):
+    with using_tracking_uri(tracking_uri):
         started = time.perf_counter()
         model = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}@champion")
         load_s = time.perf_counter() - started

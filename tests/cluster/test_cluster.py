@@ -222,28 +222,16 @@ def assert_champion_loads(services, s3, model_name: str) -> None:
     assert done.returncode == 0 and "PREDICTED" in done.stdout, done.stderr[-4000:]
 
 
-@needs_data
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("way_in", ["gcs", "ray_client"])
-def test_pipeline_on_the_cluster(cluster, services, s3, tmp_path, way_in):
-    """The whole pipeline by GCS address and by Ray Client (ray://); both nodes train (two STRICT_SPREAD ranks
-    on two nodes), one of which never had the code."""
+def assert_registered_on_the_cluster(services, s3, model_name: str) -> None:
+    """The run's metrics and champion are in the MLflow server, checkpoints committed on S3, artifacts on S3,
+    and the champion loads in a fresh process."""
     from mlflow import MlflowClient
 
-    model_name = f"cluster-{way_in.replace('_', '-')}"
-    address = cluster.address if way_in == "gcs" else cluster.client_address
-    done = subprocess.run([sys.executable, *pipeline_args(services, tmp_path, model_name, address)],
-                          capture_output=True, text=True, timeout=840, env=pipeline_env(cluster, services, s3),
-                          cwd=REPO_ROOT)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-8000:]
-    assert "Test accuracy" in output and f"Ray {address}" in output, output[-4000:]
-    print(next((line for line in output.splitlines() if line.startswith("Seconds per stage")), ""))
     client = MlflowClient(tracking_uri=services["mlflow_uri"])
     champion = client.get_model_version_by_alias(model_name, "champion")
+    assert champion.version == "1"
     run = client.get_run(champion.run_id)
     assert "test_accuracy" in run.data.metrics and "val_accuracy" in run.data.metrics
-    # The checkpoints were committed on S3, and the MLflow server put the artifacts on S3.
     import fsspec
 
     fs = fsspec.filesystem("s3")
@@ -253,12 +241,30 @@ def test_pipeline_on_the_cluster(cluster, services, s3, tmp_path, way_in):
     assert_champion_loads(services, s3, model_name)
 
 
+# The GCS address is the way in of the Ray Jobs test below (the job's driver finds it in RAY_ADDRESS);
+# this one takes the Ray Client route. Each is a whole pipeline run (~50 s), so neither is repeated.
+@needs_data
+@pytest.mark.timeout(900)
+def test_pipeline_on_the_cluster_by_ray_client(cluster, services, s3, tmp_path):
+    """The whole pipeline by Ray Client (ray://); both nodes train (two STRICT_SPREAD ranks on two nodes), one
+    of which never had the code."""
+    model_name = "cluster-ray-client"
+    address = cluster.client_address
+    done = subprocess.run([sys.executable, *pipeline_args(services, tmp_path, model_name, address)],
+                          capture_output=True, text=True, timeout=840, env=pipeline_env(cluster, services, s3),
+                          cwd=REPO_ROOT)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-8000:]
+    assert "Test accuracy" in output and f"Ray {address}" in output, output[-4000:]
+    print(next((line for line in output.splitlines() if line.startswith("Seconds per stage")), ""))
+    assert_registered_on_the_cluster(services, s3, model_name)
+
+
 @needs_data
 @pytest.mark.timeout(900)
 def test_pipeline_as_a_ray_job(cluster, services, s3, tmp_path):
-    """`ray job submit --working-dir . -- python -m flows.main ...`: the job's driver finds the cluster in RAY_ADDRESS."""
-    from mlflow import MlflowClient
-
+    """`ray job submit --working-dir . -- python -m flows.main ...`: the job's driver finds the cluster's GCS
+    address in RAY_ADDRESS."""
     model_name = "cluster-job"
     args = [a for a in pipeline_args(services, tmp_path, model_name, "unused") if a not in ("--ray-address", "unused")]
     # The job's environment says where Prefect is; the S3 keys are the nodes' own (never in a job's env).
@@ -271,8 +277,7 @@ def test_pipeline_as_a_ray_job(cluster, services, s3, tmp_path):
     assert done.returncode == 0 and "succeeded" in output, output[-8000:]
     assert "Test accuracy" in output and f"Ray {cluster.address}" in output, output[-4000:]
     print(next((line for line in output.splitlines() if line.startswith("Seconds per stage")), ""))
-    client = MlflowClient(tracking_uri=services["mlflow_uri"])
-    assert client.get_model_version_by_alias(model_name, "champion").version == "1"
+    assert_registered_on_the_cluster(services, s3, model_name)
 
 
 # -- node loss: these run last, they stop nodes for good --------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -94,23 +93,3 @@ def test_bad_options_name_the_option(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--steps", "5", "--warmup-steps", "5"])
     assert "--warmup-steps" in capsys.readouterr().err
-
-
-@pytest.mark.integration
-@pytest.mark.skipif(not os.path.isdir(DATA), reason="needs ../shared/datasets/fashion-mnist")
-def test_a_real_run_of_the_plain_variant_writes_json_and_table(tmp_path):
-    out = subprocess.run(
-        [sys.executable, os.path.join(REPO, "bench", "bench_overhead.py"), "--variants", "plain", "--steps", "4",
-         "--warmup-steps", "1", "--repeats", "1", "--results-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=240,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    report = json.loads((tmp_path / "overhead.json").read_text())
-    (run,) = report["runs"]
-    assert run["steps"] == 4 and run["world_size"] == 1
-    assert run["threads"]["torch_num_threads"] == 1
-    assert 0 < run["time_to_first_step_s"] < run["wall_s"]
-    assert run["peak_rss_bytes"] > 100 * 2**20  # torch + ResNet18 + the data set
-    assert run["checkpoint_bytes"] > 40 * 2**20  # ResNet18's state_dict
-    assert len(report["load_average_before"]) == 3 and report["machine"]["torch"]
-    assert "| plain PyTorch" in (tmp_path / "overhead.md").read_text()
