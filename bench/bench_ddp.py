@@ -117,14 +117,24 @@ def run_pair(kwargs: dict, steps: int, warmup: int, out: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def run_single(steps: int, warmup: int, out: str) -> dict[str, Any]:
+def run_single(steps: int, warmup: int, out: str, side_by_side: int = 1) -> dict[str, Any]:
+    """One process alone (``side_by_side=1``), or that many at once with no communication: what two
+    ranks would reach if the allreduce were free (they still share the caches and memory bandwidth)."""
     import torch.multiprocessing as mp
 
-    p = mp.get_context("spawn").Process(target=_single, args=(steps, warmup, out))
-    p.start()
-    p.join(timeout=900)
-    with open(out) as f:
-        return json.load(f)
+    outs = [out if i == 0 else f"{out}.{i}" for i in range(side_by_side)]
+    procs = [mp.get_context("spawn").Process(target=_single, args=(steps, warmup, o)) for o in outs]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=900)
+    rows = []
+    for o in outs:
+        with open(o) as f:
+            rows.append(json.load(f))
+    for o in outs[1:]:
+        os.remove(o)
+    return {k: statistics.median(row[k] for row in rows) for k in rows[0]}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -139,6 +149,11 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"One process alone, no DDP: {single['step_s'] * 1000:.0f} ms/step = {BATCH / single['step_s']:.0f} "
         f"samples/s; linear-scaling limit for 2 = {2 * BATCH / single['step_s']:.0f} samples/s.",
+        "",
+        f"Two such processes at once, no DDP (the limit if the allreduce cost nothing; they still share caches "
+        f"and memory bandwidth): {report['pair']['step_s'] * 1000:.0f} ms/step = "
+        f"{2 * BATCH / report['pair']['step_s']:.0f} samples/s = "
+        f"{single['step_s'] / report['pair']['step_s']:.2f} of the linear limit.",
         "",
         "| DDP configuration | ms/step | samples/s (2 ranks) | of the linear limit | allreduce of all grads, ms "
         "| rank 0 RSS MB |",
@@ -166,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = os.path.join(args.results_dir, ".ddp_rank0.json")
     load_before = os.getloadavg()
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIGS}
-    singles = []
+    singles, pairs = [], []
     names = list(CONFIGS)
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
@@ -175,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{samples[name][-1]['allreduce_s'] * 1000:.0f} ms, load {os.getloadavg()[0]:.1f}", flush=True)
         singles.append(run_single(args.steps, args.warmup, tmp))
         print(f"[round {r + 1}] single process: {singles[-1]['step_s'] * 1000:.0f} ms/step", flush=True)
+        pairs.append(run_single(args.steps, args.warmup, tmp, side_by_side=2))
+        print(f"[round {r + 1}] two processes, no DDP: {pairs[-1]['step_s'] * 1000:.0f} ms/step", flush=True)
     os.remove(tmp)
 
     def med(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -185,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "batch": BATCH},
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "configs": {name: {**med(rows), "kwargs": CONFIGS[name]} for name, rows in samples.items()},
-        "single": med(singles), "raw": {"configs": samples, "single": singles},
+        "single": med(singles), "pair": med(pairs), "raw": {"configs": samples, "single": singles, "pair": pairs},
     }
     with open(os.path.join(args.results_dir, "ddp.json"), "w") as f:
         json.dump(report, f, indent=1)

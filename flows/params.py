@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 import difflib
-from typing import Annotated, Any, Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 

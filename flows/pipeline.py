@@ -22,7 +22,9 @@ from prefect_ray.context import remote_options
 from flows.params import PipelineParams
 from flows.preflight import check_services
 from flows.progress_display import ProgressDisplay
-from flows.task_runner import check_cluster_reach, cluster_address, current_api_url, make_task_runner, ray_worker_env
+from flows.task_runner import (
+    check_cluster_reach, cluster_address, current_api_url, largest_node_cpus, make_task_runner, ray_worker_env,
+)
 from tasks.artifacts import artifact_key
 from tasks.domain.home import PipelineHome
 from tasks.domain.lineage import dataset_identity, source_tags
@@ -190,7 +192,7 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
         finally:
             ray.kill(board)
 
-    with _Stopwatch() as evaluate_time:
+    with _Stopwatch() as evaluate_time, remote_options(num_cpus=largest_node_cpus()):  # the workers are done
         comparison = evaluate.submit(training, staged, run.data_cache_dir, params.test_limit, run.mlflow_tracking_uri,
                                      params.model_name).result()
     report = comparison.report

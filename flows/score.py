@@ -27,7 +27,7 @@ from prefect_ray.context import remote_options
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from flows.params import NAME_PATTERN
-from flows.task_runner import current_api_url, ray_worker_env
+from flows.task_runner import current_api_url, local_task_runner, ray_worker_env
 from tasks.domain.batch_scoring import ScoringSummary, output_format
 from tasks.domain.home import PipelineHome
 from tasks.domain.promotion import CHAMPION_ALIAS
@@ -83,10 +83,10 @@ def _keys(value: Any) -> list[str]:
 
 
 def _task_runner(params: ScoreParams, api_url: str) -> RayTaskRunner:
-    init_kwargs: dict[str, Any] = {"runtime_env": {"env_vars": ray_worker_env(api_url)}}
+    runtime_env = {"env_vars": ray_worker_env(api_url)}
     if not params.ray_address:
-        init_kwargs.update(include_dashboard=False, num_cpus=params.num_workers)
-    return RayTaskRunner(address=params.ray_address or "local", init_kwargs=init_kwargs)
+        return local_task_runner(runtime_env=runtime_env, num_cpus=params.num_workers)
+    return RayTaskRunner(address=params.ray_address, init_kwargs={"runtime_env": runtime_env})
 
 
 @flow(name="score-steps")

@@ -19,6 +19,8 @@ from prefect.settings import get_current_settings
 from prefect_ray import RayTaskRunner
 
 from tasks.domain.reachability import check_reachable
+# trainlib's own lean start of a local Ray; the pipeline's local Ray is started by prefect-ray.
+from trainlib._internal.execution.embedded_ray import stop_unused_daemons
 
 PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
 RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray for a submitted job's driver
@@ -59,6 +61,25 @@ def job_runtime_env() -> dict[str, Any]:
         return {}
 
 
+class LocalRayTaskRunner(RayTaskRunner):
+    """prefect-ray's runner on a Ray it starts on this machine, without the daemons a local run never uses.
+
+    As trainlib's embedded Ray: the dashboard head and the autoscaler monitor are stopped once Ray
+    is up, which saves ~230 MB and ~1 s of Ray's shutdown at the end of every flow run.
+    """
+
+    def __enter__(self) -> "LocalRayTaskRunner":
+        super().__enter__()
+        if self._owns_ray:
+            stop_unused_daemons()
+        return self
+
+
+def local_task_runner(**init_kwargs: Any) -> LocalRayTaskRunner:
+    """A task runner on a new local Ray (``address="local"``: never the last cluster started on this machine)."""
+    return LocalRayTaskRunner(address="local", init_kwargs={"include_dashboard": False, **init_kwargs})
+
+
 def make_task_runner(ray_address: str | None, api_url: str) -> RayTaskRunner:
     """A RayTaskRunner for a local Ray (no address) or a cluster (``ray_address`` or ``$RAY_ADDRESS``).
 
@@ -70,13 +91,11 @@ def make_task_runner(ray_address: str | None, api_url: str) -> RayTaskRunner:
     job = job_runtime_env()
     env_vars = {k: v for k, v in ray_worker_env(api_url).items() if k not in (job.get("env_vars") or {})}
     runtime_env: dict[str, Any] = {"env_vars": env_vars} if env_vars else {}
-    init_kwargs: dict[str, Any] = {"runtime_env": runtime_env}
-    if address and not (job.get("working_dir") or job.get("py_modules")):
+    if not address:
+        return local_task_runner(runtime_env=runtime_env)
+    if not (job.get("working_dir") or job.get("py_modules")):
         runtime_env["py_modules"] = project_modules()
-    else:
-        init_kwargs["include_dashboard"] = False  # a second of start-up the embedded run does not need
-    # "local" starts a new Ray; None would join the last cluster started on this machine.
-    return RayTaskRunner(address=address or "local", init_kwargs=init_kwargs)
+    return RayTaskRunner(address=address, init_kwargs={"runtime_env": runtime_env})
 
 
 def check_cluster_reach(api_url: str, mlflow_tracking_uri: str, storage_path: str,
@@ -87,6 +106,15 @@ def check_cluster_reach(api_url: str, mlflow_tracking_uri: str, storage_path: st
     node_ips = [n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")]
     check_reachable(node_ips, prefect_api_url=api_url, mlflow_tracking_uri=mlflow_tracking_uri,
                     storage_path=storage_path, mirrors=mirrors or ())
+
+
+def largest_node_cpus(cap: int = 16) -> int:
+    """The CPUs of the largest alive node (at most ``cap``), with Ray connected: what one task may take when
+    nothing else runs, e.g. the evaluation after training, so it is not left with Ray's default single thread."""
+    import ray
+
+    cpus = [node["Resources"].get("CPU", 0) for node in ray.nodes() if node.get("Alive")]
+    return max(1, min(cap, int(max(cpus, default=1))))
 
 
 def current_api_url() -> str:

@@ -22,11 +22,24 @@ from tasks.domain.training_run import TrainingOutcome
 EVALUATE_TIMEOUT_S = 30 * 60
 
 
+def use_assigned_cpus() -> int:
+    """Give torch as many threads as the CPUs Ray assigned this task (Ray starts workers with one thread)."""
+    import ray
+    import torch
+
+    cpus = 1
+    if ray.is_initialized():
+        cpus = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    torch.set_num_threads(cpus)
+    return cpus
+
+
 @task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, timeout_seconds=EVALUATE_TIMEOUT_S)
 def evaluate(training: TrainingOutcome, dataset: StagedDataset, cache_dir: str, test_limit: int | None,
              tracking_uri: str, model_name: str) -> Comparison:
     """Score the trained model and the current champion on the test split; record it in MLflow and Prefect."""
     logger = get_run_logger()
+    use_assigned_cpus()
     comparison = compare_with_champion(training.checkpoint_uri, dataset, cache_dir, test_limit, model_name,
                                        tracking_uri)
     report, champion = comparison.report, comparison.champion
