@@ -42,18 +42,24 @@ MIRROR = FASHION_MNIST_MIRROR
 PROJECT_MODULES = [os.path.join(REPO_ROOT, p) for p in ("trainlib", "tasks", "flows")]
 
 
-def _start_server(cmd: list[str], health_url: str, log_path: str, env: dict[str, str]) -> subprocess.Popen:
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+def _start_servers(servers: list[tuple[list[str], str, str]], env: dict[str, str]) -> list[subprocess.Popen]:
+    """Start every ``(command, health URL, log path)`` at once, then wait until each answers its health URL."""
+    processes = []
+    for cmd, _, log_path in servers:
+        with open(log_path, "wb") as log:
+            processes.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                              start_new_session=True))
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if healthy(health_url):
-            return process
-        if process.poll() is not None:
-            break
-        time.sleep(0.3)
-    with open(log_path, errors="replace") as f:
-        raise RuntimeError(f"{cmd[0]} did not answer {health_url}:\n{f.read()[-3000:]}")
+    for process, (cmd, health_url, log_path) in zip(processes, servers):
+        while not healthy(health_url):
+            if process.poll() is not None or time.monotonic() > deadline:
+                for started in processes:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(started.pid, 9)
+                with open(log_path, errors="replace") as f:
+                    raise RuntimeError(f"{cmd[0]} did not answer {health_url}:\n{f.read()[-3000:]}")
+            time.sleep(0.3)
+    return processes
 
 
 @pytest.fixture(scope="module")
@@ -104,14 +110,14 @@ def services(tmp_path_factory, s3):
     mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
     processes = []
     try:
-        processes.append(_start_server(
-            [f"{BIN}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-            f"{api_url}/health", str(root / "prefect.log"), env))
-        processes.append(_start_server(
-            [f"{BIN}/mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-             "--artifacts-destination", f"s3://{BUCKET}/mlartifacts", "--host", "127.0.0.1",
-             "--port", str(mlflow_port), "--workers", "1"],
-            f"{mlflow_uri}/health", str(root / "mlflow.log"), env))
+        processes = _start_servers([
+            ([f"{BIN}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+             f"{api_url}/health", str(root / "prefect.log")),
+            ([f"{BIN}/mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+              "--artifacts-destination", f"s3://{BUCKET}/mlartifacts", "--host", "127.0.0.1",
+              "--port", str(mlflow_port), "--workers", "1"],
+             f"{mlflow_uri}/health", str(root / "mlflow.log")),
+        ], env)
         yield {"api_url": api_url, "mlflow_uri": mlflow_uri, "root": root}
     finally:
         for process in processes:
@@ -124,12 +130,23 @@ def services(tmp_path_factory, s3):
                 os.killpg(process.pid, 9)
 
 
-@contextlib.contextmanager
-def connected(cluster: LocalRayCluster, runtime_env: dict):
-    """This test process as a driver of the cluster; the session's embedded Ray comes back afterwards."""
+@pytest.fixture(scope="module", autouse=True)
+def session_ray_back_after_the_module():
+    """The tests below connect this process to the cluster; the session's embedded Ray comes back once, at the end."""
     import ray
 
     was_running = ray.is_initialized()
+    yield
+    ray.shutdown()
+    if was_running:  # as the session fixture left it, for the modules after this one
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
+
+
+@contextlib.contextmanager
+def connected(cluster: LocalRayCluster, runtime_env: dict):
+    """This test process as a driver of the cluster (the session's embedded Ray is shut down meanwhile)."""
+    import ray
+
     ray.shutdown()
     cluster.enable_token_auth_here()
     ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=True)
@@ -137,8 +154,6 @@ def connected(cluster: LocalRayCluster, runtime_env: dict):
         yield ray
     finally:
         ray.shutdown()
-        if was_running:  # as the session fixture left it, for the modules after this one
-            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
 
 
 def probe_imports(cluster: LocalRayCluster, runtime_env: dict | None = None) -> dict[str, dict[str, bool]]:
