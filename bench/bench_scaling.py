@@ -234,12 +234,14 @@ def write_results(rows: list[dict], args: argparse.Namespace, load: dict[str, li
            "host": platform.node(), "python": platform.python_version(), "args": vars(args),
            "load_before_after": load, "rows": rows, "growth": growth}
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "scaling.json"), "w") as f:
+    with open(os.path.join(RESULTS, f"{args.tag}.json"), "w") as f:
         json.dump(out, f, indent=2)
     lines = [
         "# Driver cost as the world grows (bench/bench_scaling.py)", "",
         f"{out['date']}, backend {args.backend}, {args.cpus} logical CPUs for Ray on a {os.cpu_count()}-core machine, "
-        f"{args.cpu_per_worker} CPU per worker, {args.steps} steps of {args.step_s * 1000:.0f} ms, report() every step. Machine load "
+        f"{args.cpu_per_worker} CPU per worker, {args.steps} steps of {args.step_s * 1000:.0f} ms, report() every step, "
+        f"Ray starting at most {args.startup_concurrency or 'its default (one per logical CPU)'} worker processes at "
+        "once. Machine load "
         f"(1/5/15-min load average) before: {load['before']}, after: {load['after']}: the machine is shared, "
         "so these are upper bounds.", "",
         "| workers | mode | fit() to first step (s) | driver peak RSS (MB) | driver CPU per step (ms) "
@@ -256,7 +258,7 @@ def write_results(rows: list[dict], args: argparse.Namespace, load: dict[str, li
     for mode, quantities in growth.items():
         for key, g in quantities.items():
             lines.append(f"| {mode} | {key} | {g['per_worker']} | {g['at_512']} |")
-    with open(os.path.join(RESULTS, "scaling.md"), "w") as f:
+    with open(os.path.join(RESULTS, f"{args.tag}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
@@ -266,6 +268,10 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--step-s", type=float, default=0.02, help="sleep per step in each worker (its compute)")
     parser.add_argument("--cpus", type=float, default=2)
+    parser.add_argument("--startup-concurrency", type=int, default=None,
+                        help="worker processes Ray may start at once (worker_maximum_startup_concurrency; Ray's "
+                             "default is one per logical CPU, so 32 workers on 2 CPUs start two at a time)")
+    parser.add_argument("--tag", default="scaling", help="results file name in bench/results (default: %(default)s)")
     parser.add_argument("--cpu-per-worker", type=float, default=0.05)
     parser.add_argument("--modes", nargs="+", default=["metrics", "checkpoint"], choices=["metrics", "checkpoint"])
     parser.add_argument("--backend", default="plain", choices=["plain", "torch"],
@@ -276,7 +282,10 @@ def main() -> int:
     import ray
 
     load = {"before": machine_load()["loadavg_1_5_15"]}
-    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    system_config = ({"worker_maximum_startup_concurrency": args.startup_concurrency}
+                     if args.startup_concurrency else None)
+    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False,
+             _system_config=system_config)
     rows = []
     with tempfile.TemporaryDirectory() as storage:
         for world in args.sizes:

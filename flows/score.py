@@ -82,10 +82,15 @@ def _keys(value: Any) -> list[str]:
     return [str(k) for k in value] + [k for v in value.values() for k in _keys(v)]
 
 
+# What every scoring worker needs (this flow module comes with each task's context): loaded while the
+# flow resolves the alias and reads the images, not in each worker's first chunk.
+SCORING_WORKER_MODULES = ("flows.score", "mlflow.pyfunc", "torch")
+
+
 def _task_runner(params: ScoreParams, api_url: str) -> RayTaskRunner:
     runtime_env = {"env_vars": ray_worker_env(api_url)}
     if not params.ray_address:
-        return local_task_runner(runtime_env=runtime_env, num_cpus=params.num_workers)
+        return local_task_runner(preload=SCORING_WORKER_MODULES, runtime_env=runtime_env, num_cpus=params.num_workers)
     return RayTaskRunner(address=params.ray_address, init_kwargs={"runtime_env": runtime_env})
 
 
