@@ -13,6 +13,18 @@ FASHION_MNIST_MIRROR = os.environ.get("FASHION_MNIST_MIRROR") or os.path.abspath
     os.path.join(REPO_ROOT, "..", "shared", "datasets", "fashion-mnist"))
 
 
+# Environment for the Prefect servers the tests start: no analytics, and none of the server's
+# periodic services that no test uses (the scheduler would fill the database with the weekly
+# deployment's future runs; the others poll for late, paused or lost runs). Events, task-run
+# recording and automations (triggers) stay on: the tests read them.
+PREFECT_TEST_SERVER_ENV = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    **{f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
+       for name in ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP", "REPOSSESSOR",
+                    "DB_VACUUM", "CLEANUP_RECONCILER", "EVENT_LOGGER")},
+}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

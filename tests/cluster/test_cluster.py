@@ -24,7 +24,7 @@ from http_health import healthy
 
 import trainlib
 from cluster_harness import BIN, HEAD_IP, REPO_ROOT, LocalRayCluster, can_hide_code, free_port
-from conftest import FASHION_MNIST_MIRROR
+from conftest import FASHION_MNIST_MIRROR, PREFECT_TEST_SERVER_ENV
 from cluster_jobs import checkpoint_state, expected_total, spread_train_func
 from trainlib.torch import TorchTrainer
 
@@ -104,7 +104,7 @@ def services(tmp_path_factory, s3):
     root = tmp_path_factory.mktemp("cluster-services")
     prefect_port, mlflow_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS"))}
-    env.update(s3, PREFECT_HOME=str(root / "prefect_home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    env.update(s3, **PREFECT_TEST_SERVER_ENV, PREFECT_HOME=str(root / "prefect_home"),
                PREFECT_UI_ENABLED="false")
     api_url = f"http://127.0.0.1:{prefect_port}/api"
     mlflow_uri = f"http://127.0.0.1:{mlflow_port}"

@@ -58,7 +58,7 @@ def _run_tutorial(tmp_path, data_folder: str, timeout_s: float = 600) -> subproc
 
 def test_tutorial_runs_on_generated_fashion_mnist(tmp_path):
     mirror = tmp_path / "mirror"
-    write_idx_dataset(mirror, n_train=512, n_test=64, seed=1)
+    write_idx_dataset(mirror, n_train=256, n_test=64, seed=1)
     proc = _run_tutorial(tmp_path, str(mirror))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "TUTORIAL_OK" in proc.stdout

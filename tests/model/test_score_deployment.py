@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from http_health import healthy
 
-from conftest import REPO_ROOT, free_port
+from conftest import PREFECT_TEST_SERVER_ENV, REPO_ROOT, free_port
 from model_helpers import needs_data, real_images, register_network, tiny_trained_network
 from tracking.mlflow_helpers import MlflowServer
 
@@ -44,7 +44,7 @@ def services(tmp_path_factory):
     root = tmp_path_factory.mktemp("score_services")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS"))}
-    env.update(PREFECT_HOME=str(root / "prefect_home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    env.update(PREFECT_TEST_SERVER_ENV, PREFECT_HOME=str(root / "prefect_home"),
                PREFECT_UI_ENABLED="false")
     with open(root / "prefect.log", "wb") as log:
         prefect_server = subprocess.Popen(

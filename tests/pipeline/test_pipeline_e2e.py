@@ -32,7 +32,7 @@ import urllib.request
 import pytest
 from http_health import healthy
 
-from conftest import FASHION_MNIST_MIRROR, REPO_ROOT, free_port
+from conftest import FASHION_MNIST_MIRROR, PREFECT_TEST_SERVER_ENV, REPO_ROOT, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -80,7 +80,7 @@ def services(tmp_path_factory):
     api_url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS", "TRAINLIB_"))}
-    env.update(PREFECT_HOME=str(root / "prefect_home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    env.update(PREFECT_TEST_SERVER_ENV, PREFECT_HOME=str(root / "prefect_home"),
                PREFECT_UI_ENABLED="true", PREFECT_UI_API_URL=api_url)
     log_path = str(root / "prefect.log")
     with open(log_path, "wb") as log:
