@@ -26,7 +26,7 @@ tutorial: venv
 
 # Three pytest-xdist workers, one test module at a time each (modules share their servers), the
 # longest modules first (tests/conftest.py). On 2 cores: 21 min in one process, 13.7 min with two
-# workers, 11.9 min with three (the cores stay busy). TEST_WORKERS=0 runs it in this one process.
+# workers, 11.9-13.5 min with three (the cores stay busy). TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 3
 test: venv
 	$(BIN)/pytest -q -p no:cacheprovider $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
