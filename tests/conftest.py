@@ -31,6 +31,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_session_ray() -> None:
+    """Start the session's embedded Ray; modules that connect to a cluster of their own call it to restore it."""
+    import ray
+
+    # address="local": never join another cluster on this machine (/tmp/ray/ray_current_cluster).
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One embedded Ray cluster for every test that needs one (4 logical CPUs on the 2-core CI)."""
@@ -38,8 +46,7 @@ def ray_session():
 
     if ray.is_initialized():
         ray.shutdown()
-    # address="local": never join another cluster on this machine (/tmp/ray/ray_current_cluster).
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
+    start_session_ray()
     yield ray
     ray.shutdown()
 

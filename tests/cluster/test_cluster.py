@@ -24,7 +24,7 @@ from http_health import healthy
 
 import trainlib
 from cluster_harness import BIN, HEAD_IP, REPO_ROOT, LocalRayCluster, can_hide_code, free_port
-from conftest import FASHION_MNIST_MIRROR, PREFECT_TEST_SERVER_ENV
+from conftest import FASHION_MNIST_MIRROR, PREFECT_TEST_SERVER_ENV, start_session_ray
 from cluster_jobs import checkpoint_state, expected_total, spread_train_func
 from trainlib.torch import TorchTrainer
 
@@ -139,7 +139,7 @@ def session_ray_back_after_the_module():
     yield
     ray.shutdown()
     if was_running:  # as the session fixture left it, for the modules after this one
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
+        start_session_ray()
 
 
 @contextlib.contextmanager

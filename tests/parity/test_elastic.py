@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from conftest import start_session_ray
+
 import trainlib
 from trainlib.torch import TorchTrainer
 
@@ -33,7 +35,7 @@ def cluster():
     ray.shutdown()
     c.shutdown()
     if was_running:  # as the session fixture left it, for the modules after this one
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
+        start_session_ray()
 
 
 def elastic_train_func(config):

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from conftest import start_session_ray
+
 import trainlib
 from storage_helpers import expected_w, placement_train_func, resumable_train_func
 from trainlib.torch import TorchTrainer
@@ -35,7 +37,7 @@ def cluster():
     ray.shutdown()
     c.shutdown()
     if was_running:  # as the session fixture left it, for the modules after this one
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
+        start_session_ray()
 
 
 def read_ranks(out_dir, world_size):

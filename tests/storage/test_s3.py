@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 import trainlib
-from conftest import free_port
+from conftest import free_port, start_session_ray
 from storage_helpers import expected_w, resumable_train_func
 from trainlib.torch import TorchTrainer
 
@@ -73,7 +73,7 @@ def s3(tmp_path_factory):
     was_running = ray.is_initialized()
     if was_running:
         ray.shutdown()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
+    start_session_ray()
     logs_dir = ray._private.worker._global_node.get_logs_dir_path()
     yield server, logs_dir
     ray.shutdown()
@@ -86,7 +86,7 @@ def s3(tmp_path_factory):
     if server.server is not None:
         server.stop()
     if was_running:  # leave Ray as the session fixture had it, for the modules after this one
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
+        start_session_ray()
 
 
 @pytest.fixture(autouse=True)
