@@ -8,12 +8,10 @@ process against the same servers (a PNG folder with CSV output; errors). The .np
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import os
 import re
-import signal
 import struct
 import subprocess
 import sys
@@ -22,9 +20,9 @@ import urllib.request
 
 import numpy as np
 import pytest
-from http_health import healthy
 
-from conftest import PREFECT_TEST_SERVER_ENV, REPO_ROOT, free_port
+from conftest import REPO_ROOT
+from prefect_helpers import PrefectServer
 from model_helpers import needs_data, real_images, register_network, tiny_trained_network
 from tracking.mlflow_helpers import MlflowServer
 
@@ -42,37 +40,22 @@ def services(tmp_path_factory):
     import mlflow
 
     root = tmp_path_factory.mktemp("score_services")
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS"))}
-    env.update(PREFECT_TEST_SERVER_ENV, PREFECT_HOME=str(root / "prefect_home"),
-               PREFECT_UI_ENABLED="false")
-    with open(root / "prefect.log", "wb") as log:
-        prefect_server = subprocess.Popen(
-            [f"{BIN}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    prefect_server = PrefectServer(root, env).start()  # starts while the MLflow server and the model are set up
     mlflow_server = MlflowServer(str(root / "mlflow"))
     try:
         mlflow_server.start()
         network = tiny_trained_network()
         version, _ = register_network(network, mlflow_server.uri, MODEL_NAME)
-        api_url = f"http://127.0.0.1:{port}/api"
-        deadline = time.monotonic() + 120
-        while not healthy(f"{api_url}/health"):
-            if prefect_server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Prefect server did not start:\n{(root / 'prefect.log').read_text()[-3000:]}")
-            time.sleep(0.3)
-        client_env = dict(env, PREFECT_API_URL=api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false")
+        prefect_server.wait()
+        client_env = dict(prefect_server.env, PREFECT_API_URL=prefect_server.api_url,
+                          PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false")
         mlflow.set_tracking_uri(mlflow_server.uri)
-        yield {"api_url": api_url, "mlflow_uri": mlflow_server.uri, "env": client_env, "root": root,
+        yield {"api_url": prefect_server.api_url, "mlflow_uri": mlflow_server.uri, "env": client_env, "root": root,
                "version": version.version}
     finally:
         mlflow.set_tracking_uri(None)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(prefect_server.pid, signal.SIGTERM)
-        try:
-            prefect_server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(prefect_server.pid, signal.SIGKILL)
+        prefect_server.stop()
         mlflow_server.stop()
 
 

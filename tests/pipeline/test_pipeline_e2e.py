@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -30,9 +29,9 @@ import time
 import urllib.request
 
 import pytest
-from http_health import healthy
 
-from conftest import FASHION_MNIST_MIRROR, PREFECT_TEST_SERVER_ENV, REPO_ROOT, free_port
+from conftest import FASHION_MNIST_MIRROR, REPO_ROOT, free_port
+from prefect_helpers import PrefectServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -50,18 +49,6 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or (os.path.exists("/usr/bin/chromium") and "/usr/bin/chromium") or None
 
 
-def _waithealthy(url: str, process: subprocess.Popen, log_path: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if healthy(url):
-            return
-        if process.poll() is not None:
-            break
-        time.sleep(0.3)
-    with open(log_path) as f:
-        raise RuntimeError(f"{url} did not become healthy; log:\n{f.read()[-3000:]}")
-
-
 def _kill_session(sid: int) -> None:
     """SIGKILL every process left in session ``sid`` (a worker's flow-run process and the Ray it started)."""
     import psutil
@@ -76,31 +63,18 @@ def _kill_session(sid: int) -> None:
 def services(tmp_path_factory):
     """A Prefect server (SQLite, own PREFECT_HOME, UI on) on 127.0.0.1, and the pipeline's home for this module."""
     root = tmp_path_factory.mktemp("services")
-    port = free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS", "TRAINLIB_"))}
-    env.update(PREFECT_TEST_SERVER_ENV, PREFECT_HOME=str(root / "prefect_home"),
-               PREFECT_UI_ENABLED="true", PREFECT_UI_API_URL=api_url)
-    log_path = str(root / "prefect.log")
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen(
-            [f"{BIN}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = PrefectServer(root, env, ui=True).start()
     try:
-        _waithealthy(f"{api_url}/health", server, log_path)
+        server.wait()
         home = root / "trainlib_home"
-        client_env = dict(env, PREFECT_API_URL=api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false",
+        client_env = dict(server.env, PREFECT_API_URL=server.api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false",
                           TRAINLIB_HOME=str(home), PYTHONPATH=REPO_ROOT)
-        yield {"api_url": api_url, "ui_url": f"http://127.0.0.1:{port}", "env": client_env, "root": root,
+        yield {"api_url": server.api_url, "ui_url": server.ui_url, "env": client_env, "root": root,
                "home": home, "mlflow_uri": f"sqlite:///{home}/mlflow.db", "results": {}}
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,56 @@
+"""A Prefect server for a test module: SQLite in its own PREFECT_HOME, on 127.0.0.1, started and stopped by PID."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from http_health import healthy
+
+from conftest import PREFECT_TEST_SERVER_ENV, free_port
+
+BIN = os.path.dirname(sys.executable)
+
+
+class PrefectServer:
+    """``start()`` returns at once (other set-up can overlap its ~10 s start); ``wait()`` until it answers."""
+
+    def __init__(self, root: Path, base_env: dict[str, str], ui: bool = False):
+        self.port = free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        self.ui_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = root / "prefect.log"
+        self.env = dict(base_env, **PREFECT_TEST_SERVER_ENV, PREFECT_HOME=str(root / "prefect_home"),
+                        PREFECT_UI_ENABLED="true" if ui else "false")
+        if ui:
+            self.env["PREFECT_UI_API_URL"] = self.api_url
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "PrefectServer":
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [f"{BIN}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+                stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        return self
+
+    def wait(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not healthy(f"{self.api_url}/health"):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Prefect server did not start; log:\n{self.log_path.read_text()[-3000:]}")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
