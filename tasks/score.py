@@ -19,6 +19,7 @@ from tasks.domain.batch_scoring import (
     ModelAliasError,
     ResolvedModel,
     class_histogram,
+    requirement_mismatches,
     resolve_alias,
     score_chunk,
     write_predictions,
@@ -45,8 +46,12 @@ def _retry_unless_missing(task: Any, task_run: Any, state: Any) -> bool:
 def resolve_model(model_name: str, alias: str, tracking_uri: str) -> ResolvedModel:
     """The version ``alias`` points to now; every chunk then uses that version."""
     model = resolve_alias(model_name, alias, tracking_uri)
-    get_run_logger().info("Scoring with %s@%s = version %s (%s)", model_name, alias, model.version,
-                          mask_url(tracking_uri))
+    logger = get_run_logger()
+    logger.info("Scoring with %s@%s = version %s (%s)", model_name, alias, model.version, mask_url(tracking_uri))
+    mismatches = requirement_mismatches(model)
+    if mismatches:
+        logger.warning("Version %s was registered with packages this Python does not have: %s. Its predictions "
+                       "may differ; install them to match.", model.version, "; ".join(mismatches))
     return model
 
 

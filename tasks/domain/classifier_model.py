@@ -4,10 +4,11 @@ Runs wherever a registered version is loaded: a user's process
 (``mlflow.pyfunc.load_model("models:/<name>@champion")``), ``mlflow models
 serve``, the batch-scoring workers, and the pipeline's evaluate step. MLflow
 copies this file into every registered version (models-from-code), so it is
-self-contained on purpose: it imports only numpy, pandas, torch, torchvision and
-mlflow, never ``tasks``, ``flows`` or ``trainlib``. What the model needs besides
-its weights (normalisation, class names, the data set's identity) comes from the
-version's ``model_config``, written by ``tasks.domain.model_package``.
+self-contained on purpose: it imports only numpy, pandas, torch and mlflow (not
+even torchvision: see :class:`ResNet18`), never ``tasks``, ``flows`` or
+``trainlib``. What the model needs besides its weights (normalisation, class
+names, the data set's identity) comes from the version's ``model_config``,
+written by ``tasks.domain.model_package``.
 
 Input (any batch size): uint8 images, or float images in 0..255, shaped
 ``[N, 28, 28]``, ``[N, 784]`` or ``[N, 1, 28, 28]`` (a numpy array, a torch
@@ -53,15 +54,61 @@ class ImageInputError(MlflowException, ValueError):
         super().__init__(message, error_code=INVALID_PARAMETER_VALUE)
 
 
+class _BasicBlock(torch.nn.Module):
+    """ResNet's basic block: two 3x3 convolutions and a shortcut (module names as torchvision's)."""
+
+    def __init__(self, inputs: int, outputs: int, stride: int):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(outputs)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.conv2 = torch.nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(outputs)
+        self.downsample = None
+        if stride != 1 or inputs != outputs:
+            self.downsample = torch.nn.Sequential(torch.nn.Conv2d(inputs, outputs, 1, stride, bias=False),
+                                                  torch.nn.BatchNorm2d(outputs))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(out)) + shortcut)
+
+
+class ResNet18(torch.nn.Module):
+    """torchvision's ``resnet18`` with a one-channel ``conv1``: the same layers, names and state dict.
+
+    Written out here, torch only, because importing torchvision costs every process that loads
+    the model ~1.5 s of CPU (a serving worker, each batch-scoring worker, the evaluate step) for
+    one class; ``tasks.domain.network.build_model`` (training) uses torchvision's, and a test checks
+    that both give the same outputs from the same weights.
+    """
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(64)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.maxpool = torch.nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        widths = (64, 128, 256, 512)
+        for index, width in enumerate(widths):
+            inputs, stride = (64, 1) if index == 0 else (widths[index - 1], 2)
+            setattr(self, f"layer{index + 1}", torch.nn.Sequential(_BasicBlock(inputs, width, stride),
+                                                                   _BasicBlock(width, width, 1)))
+        self.avgpool = torch.nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = torch.nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
 def build_network(num_classes: int = 10, architecture: str = ARCHITECTURE) -> torch.nn.Module:
     """ResNet18 with a one-channel ``conv1`` (the Ray Train tutorial's network), untrained."""
     if architecture != ARCHITECTURE:
         raise ValueError(f"architecture={architecture!r} is unknown: this model code builds {ARCHITECTURE!r}.")
-    from torchvision.models import resnet18
-
-    network = resnet18(num_classes=num_classes)
-    network.conv1 = torch.nn.Conv2d(1, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
-    return network
+    return ResNet18(num_classes)
 
 
 def normalise(images: torch.Tensor, mean: float, std: float) -> torch.Tensor:

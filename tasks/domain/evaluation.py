@@ -4,7 +4,7 @@ No Prefect, no MLflow here.
 
 Example::
 
-    report = evaluate_checkpoint(training.checkpoint_uri, staged, cache_dir, test_limit=1000)
+    report = evaluate_model(network, images, labels, class_names)
     report.accuracy, report.markdown()
 """
 
@@ -15,11 +15,7 @@ from typing import Sequence
 
 import torch
 
-import trainlib
-from tasks.domain.dataset_registry import get_dataset_spec
-from tasks.domain.idx_files import load_fashion_mnist_split
-from tasks.domain.network import load_model, to_inputs
-from tasks.domain.staging import StagedDataset, fetch_staged
+from tasks.domain.network import to_inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +69,7 @@ def evaluate_model(model: torch.nn.Module, images: torch.Tensor, labels: torch.T
     matrix = torch.zeros(n_classes, n_classes, dtype=torch.int64)
     loss_sum = 0.0
     model.eval()
-    with torch.no_grad():
+    with torch.inference_mode():
         for start in range(0, len(labels), batch_size):
             x = to_inputs(images[start:start + batch_size])
             y = labels[start:start + batch_size]
@@ -94,13 +90,3 @@ def report_from_confusion(matrix: list[list[int]], loss: float, class_names: Seq
     return EvaluationReport(accuracy=correct / total if total else 0.0, loss=float(loss),
                             per_class_accuracy=per_class, confusion_matrix=[list(r) for r in matrix],
                             class_names=tuple(class_names), num_images=total)
-
-
-def evaluate_checkpoint(checkpoint_uri: str, dataset: StagedDataset, cache_dir: str,
-                        test_limit: int | None) -> EvaluationReport:
-    """Load the model from ``checkpoint_uri`` and score it on the staged test split."""
-    files = fetch_staged(dataset, cache_dir)
-    images, labels = load_fashion_mnist_split(files.folder, train=False, limit=test_limit)
-    with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
-        model = load_model(folder)
-    return evaluate_model(model, images, labels, get_dataset_spec(dataset.name).class_names)

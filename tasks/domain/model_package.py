@@ -7,7 +7,8 @@ benchmarks; no Prefect here. One MLflow model folder holds two flavors:
   a state dict, and a ``model_config`` with the class names, the normalisation and
   the architecture: raw images in, labels out (``mlflow.pyfunc.load_model``,
   ``mlflow models serve``);
-* ``pytorch``: the plain ``torch.nn.Module`` (torchvision's ResNet classes only), so
+* ``pytorch``: the plain ``torch.nn.Module`` (the model file's ``ResNet18``, whose file ships in the
+  flavor's ``code/`` folder), so
   ``mlflow.pytorch.load_model`` gives a network to fine-tune. MLflow 3 refuses to
   unpickle it unless ``MLFLOW_ALLOW_PICKLE_DESERIALIZATION=true``; the pickle-free way
   to the same module is ``mlflow.pyfunc.load_model(uri).unwrap_python_model().network``.
@@ -25,9 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
+import shutil
+import sys
 import tempfile
+import types
 from typing import Any, Mapping
 
 import torch
@@ -40,6 +45,8 @@ from tasks.domain.network import MEAN, STD
 CODE_PATH = os.path.abspath(classifier_model.__file__)
 MODEL_ARTIFACT_NAME = "model"
 PICKLE_MODULE = "pickle"
+MODEL_FILE_MODULE = "classifier_model"  # the model file's module name in the pytorch flavor's pickle
+PYTORCH_CODE_DIR = "code"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,11 +173,10 @@ def pip_requirements() -> list[str]:
     import mlflow
     import numpy
     import pandas
-    import torchvision
 
+    # No torchvision: the model file defines the network itself.
     return [f"mlflow=={mlflow.__version__}", f"torch=={torch.__version__.split('+')[0]}",
-            f"torchvision=={torchvision.__version__.split('+')[0]}", f"numpy=={numpy.__version__}",
-            f"pandas=={pandas.__version__}"]
+            f"numpy=={numpy.__version__}", f"pandas=={pandas.__version__}"]
 
 
 class _ClassifierFlavor:
@@ -186,6 +192,17 @@ class _ClassifierFlavor:
         save_model(self.network, self.card, path, mlflow_model=mlflow_model)
 
 
+def _model_file() -> types.ModuleType:
+    """The model file loaded under its own top-level name (as the pytorch flavor's code folder provides it)."""
+    module = sys.modules.get(MODEL_FILE_MODULE)
+    if module is None or getattr(module, "__file__", None) != CODE_PATH:
+        spec = importlib.util.spec_from_file_location(MODEL_FILE_MODULE, CODE_PATH)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[MODEL_FILE_MODULE] = module  # pickle finds the classes by their module's name
+        spec.loader.exec_module(module)
+    return module
+
+
 def save_model(network: torch.nn.Module, card: ModelCard, path: str, mlflow_model: Any = None) -> str:
     """Write the MLflow model folder (both flavors) to ``path``, which must not exist; return ``path``."""
     import mlflow
@@ -199,14 +216,20 @@ def save_model(network: torch.nn.Module, card: ModelCard, path: str, mlflow_mode
             path=path, python_model=CODE_PATH, artifacts={"weights": weights}, model_config=card.model_config(),
             signature=signature(), input_example=input_example(), pip_requirements=pip_requirements(),
             metadata=card.metadata(), mlflow_model=mlflow_model)
-    # The pytorch flavor: the whole module (torchvision classes only), as mlflow.pytorch.save_model writes it.
-    data = os.path.join(path, "data")
+    # The pytorch flavor: the whole module, as mlflow.pytorch.save_model writes it. Its classes are the model
+    # file's, pickled under that file's own name and shipped in the flavor's code folder, which
+    # mlflow.pytorch.load_model puts on sys.path: a process without this repository (or torchvision) unpickles it.
+    portable = _model_file().build_network(len(card.names()))
+    portable.load_state_dict(network.state_dict())
+    data, code = os.path.join(path, "data"), os.path.join(path, PYTORCH_CODE_DIR)
     os.makedirs(data, exist_ok=True)
-    torch.save(network, os.path.join(data, "model.pth"))
+    os.makedirs(code, exist_ok=True)
+    shutil.copy(CODE_PATH, os.path.join(code, MODEL_FILE_MODULE + ".py"))
+    torch.save(portable.eval(), os.path.join(data, "model.pth"))
     with open(os.path.join(data, "pickle_module_info.txt"), "w") as f:
         f.write(PICKLE_MODULE)
     model = mlflow.models.Model.load(path) if mlflow_model is None else mlflow_model
-    model.add_flavor("pytorch", model_data="data", pytorch_version=str(torch.__version__), code=None)
+    model.add_flavor("pytorch", model_data="data", pytorch_version=str(torch.__version__), code=PYTORCH_CODE_DIR)
     model.save(os.path.join(path, "MLmodel"))
     return path
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 import trainlib
+from tasks.domain.classifier_model import build_network
 from tasks.domain.dataset_registry import get_dataset_spec
 from tasks.domain.evaluation import EvaluationReport, evaluate_model
 from tasks.domain.idx_files import load_fashion_mnist_split
@@ -98,7 +99,9 @@ def score_champion(model_name: str, tracking_uri: str, images: torch.Tensor, lab
         return ChampionScore(version=None)
     try:
         with using_tracking_uri(tracking_uri):
-            model = mlflow.pyfunc.load_model(f"models:/{model_name}/{version}")
+            # No check of its pinned packages against this Python (MLflow scans every installed package for
+            # it, ~1.7 s): the champion is scored here, not served; the scoring flow checks them.
+            model = mlflow.pyfunc.load_model(f"models:/{model_name}/{version}", suppress_warnings=True)
         predicted = model.predict(images.numpy())["label"].to_numpy()
     except Exception as exc:  # noqa: BLE001 - any failure means "cannot be compared", with the reason kept
         return ChampionScore(version=version, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
@@ -117,7 +120,7 @@ def compare_with_champion(checkpoint_uri: str, dataset: StagedDataset, cache_dir
     files = fetch_staged(dataset, cache_dir)
     images, labels = load_fashion_mnist_split(files.folder, train=False, limit=test_limit)
     with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
-        network = load_model(folder)
+        network = load_model(folder, build=build_network)  # the registered model's own network: no torchvision
     report = evaluate_model(network, images, labels, get_dataset_spec(dataset.name).class_names)
     champion = score_champion(model_name, tracking_uri, images, labels)
     return Comparison(report=report, champion=champion, test_data_md5=test_split_md5(dataset))
@@ -126,7 +129,7 @@ def compare_with_champion(checkpoint_uri: str, dataset: StagedDataset, cache_dir
 def _register_model(checkpoint_uri: str, card: ModelCard, model_name: str, run_id: str, tracking_uri: str) -> str:
     """Package the checkpoint's network, log it to run ``run_id`` and register it; return the version."""
     with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
-        network = load_model(folder)
+        network = load_model(folder, build=build_network)
     return log_and_register(network, card, model_name, run_id, tracking_uri).version
 
 

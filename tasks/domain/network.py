@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import torch
 
@@ -34,9 +35,13 @@ def to_inputs(images: torch.Tensor) -> torch.Tensor:
     return ((images.to(torch.float32) / 255.0 - MEAN) / STD).unsqueeze(1)
 
 
-def load_model(checkpoint_dir: str) -> torch.nn.Module:
-    """The model saved in a checkpoint folder by the training loop, in eval mode (tutorial step [6])."""
-    model = build_model()
+def load_model(checkpoint_dir: str, build: Callable[[], torch.nn.Module] = build_model) -> torch.nn.Module:
+    """The model saved in a checkpoint folder by the training loop, in eval mode (tutorial step [6]).
+
+    ``build`` makes the untrained network: torchvision's (the default) or the registered model's
+    torch-only copy (``classifier_model.build_network``), which loads without importing torchvision.
+    """
+    model = build()
     state = torch.load(os.path.join(checkpoint_dir, MODEL_FILE), map_location="cpu", weights_only=True)
     model.load_state_dict(state)
     return model.eval()

@@ -27,18 +27,24 @@ def test_model_file_imports_only_what_a_fresh_environment_has():
             imported |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
-    assert imported <= {"__future__", "typing", "mlflow", "numpy", "pandas", "torch", "torchvision"}, \
-        imported
+    assert imported <= {"__future__", "typing", "mlflow", "numpy", "pandas", "torch"}, imported
 
 
 def test_model_file_network_and_normalisation_match_the_training_code():
     from tasks.domain.classifier_model import build_network, normalise
     from tasks.domain.network import MEAN, STD, build_model, to_inputs
 
-    ours, theirs = build_network().state_dict(), build_model().state_dict()
-    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+    torch.manual_seed(0)
+    ours, theirs = build_network(), build_model()  # ours: torch only; theirs: torchvision's resnet18
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+    theirs.train()
+    for _ in range(2):  # move the batch-norm statistics off their initial values
+        theirs(torch.randn(8, 1, 28, 28))
+    ours.load_state_dict(theirs.state_dict())
     images = torch.randint(0, 256, (5, 28, 28), dtype=torch.uint8)
     assert torch.equal(normalise(images, MEAN, STD), to_inputs(images))
+    with torch.no_grad():
+        assert torch.allclose(ours.eval()(to_inputs(images)), theirs.eval()(to_inputs(images)), atol=1e-5)
 
 
 @pytest.mark.parametrize("form", ["uint8", "float", "784", "1x28x28", "list", "frame784", "frame_column"])
@@ -228,3 +234,19 @@ def test_unscorable_champion_is_replaced_with_the_reason():
     assert decision.promote and "could not be scored (AssertionError: Guard failed)" in decision.reason
     with pytest.raises(ValueError, match="min_margin"):
         decide_promotion(0.5, 0.4, "2", min_margin=-0.1)
+
+
+def test_requirement_mismatches_name_the_package_and_the_installed_version(tmp_path):
+    from importlib.metadata import version
+
+    from tasks.domain.batch_scoring import ResolvedModel, requirement_mismatches
+
+    installed = version("torch")
+    (tmp_path / "requirements.txt").write_text(
+        f"# pinned at registration\ntorch=={installed}\nnumpy==0.0.1\nno-such-package-xyz==1.0\n-e .\n")
+    model = ResolvedModel(name="m", alias="champion", version="1", tracking_uri=f"sqlite:///{tmp_path}/db",
+                          source=str(tmp_path))
+    assert model.load_uri == str(tmp_path)
+    problems = requirement_mismatches(model)
+    assert problems == [f"numpy==0.0.1 (installed: {version('numpy')})", "no-such-package-xyz==1.0 (not installed)"]
+    assert ResolvedModel(name="m", alias="a", version="2", tracking_uri="x").load_uri == "models:/m/2"

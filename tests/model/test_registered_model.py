@@ -155,10 +155,11 @@ FRESH_PROCESS = textwrap.dedent("""
     pyfunc = mlflow.pyfunc.load_model(uri)
     out["pyfunc"] = {n: pyfunc.predict(images[:n])["label"].tolist() for n in (1, 7, 500)}
     network = pyfunc.unwrap_python_model().network
-    assert isinstance(network, torch.nn.Module) and type(network).__name__ == "ResNet"
+    assert isinstance(network, torch.nn.Module) and type(network).__name__ == "ResNet18"
     os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "true"
     module = mlflow.pytorch.load_model(uri)
-    assert type(module).__name__ == "ResNet", type(module)
+    assert type(module).__name__ == "ResNet18", type(module)
+    assert "torchvision" not in sys.modules  # the model file defines its network: no torchvision needed
     import copy
     tuned = copy.deepcopy(module).train()  # a plain nn.Module: can be fine-tuned (on a copy: BN stats move)
     tuned(torch.randn(4, 1, 28, 28)).sum().backward()
