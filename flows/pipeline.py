@@ -24,6 +24,7 @@ from flows.preflight import check_services
 from flows.progress_display import ProgressDisplay
 from flows.task_runner import (
     check_cluster_reach, cluster_address, current_api_url, largest_node_cpus, make_task_runner, ray_worker_env,
+    workers_have_env,
 )
 from tasks.artifacts import artifact_key
 from tasks.domain.home import PipelineHome
@@ -167,13 +168,16 @@ def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) ->
 @flow(name="pipeline-steps")
 def pipeline_steps(run: PipelineRun) -> PipelineSummary:
     """The four steps, each a task on the Ray cluster; returns a summary with each step's seconds."""
+    # A local Ray that the task runner started has the workers' environment already (inherited); a Ray
+    # this process had joined (a notebook, a test) or a cluster gets it per task, or the tasks' Prefect
+    # records would go nowhere.
+    if workers_have_env(get_run_context().task_runner):
+        return _run_steps(run)
     with remote_options(runtime_env={"env_vars": ray_worker_env(current_api_url())}):
         return _run_steps(run)
 
 
 def _run_steps(run: PipelineRun) -> PipelineSummary:
-    # The task runner sets the workers' environment only when it starts Ray; a Ray this process had
-    # joined already (a notebook, a test) gets it per task, or their Prefect events would go nowhere.
     params = run.params
     check_cluster_reach(current_api_url(), run.mlflow_tracking_uri, run.training.storage_path, params.mirrors)
     with _Stopwatch() as download_time:

@@ -88,10 +88,10 @@ SCORING_WORKER_MODULES = ("flows.score", "mlflow.pyfunc", "torch")
 
 
 def _task_runner(params: ScoreParams, api_url: str) -> RayTaskRunner:
-    runtime_env = {"env_vars": ray_worker_env(api_url)}
     if not params.ray_address:
-        return local_task_runner(preload=SCORING_WORKER_MODULES, runtime_env=runtime_env, num_cpus=params.num_workers)
-    return RayTaskRunner(address=params.ray_address, init_kwargs={"runtime_env": runtime_env})
+        return local_task_runner(preload=SCORING_WORKER_MODULES, worker_env=ray_worker_env(api_url),
+                                 num_cpus=params.num_workers)
+    return RayTaskRunner(address=params.ray_address, init_kwargs={"runtime_env": {"env_vars": ray_worker_env(api_url)}})
 
 
 @flow(name="score-steps")

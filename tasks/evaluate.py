@@ -14,24 +14,13 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tasks.artifacts import artifact_key
+from tasks.domain.cpu_threads import use_assigned_cpus
 from tasks.domain.evaluation_record import log_evaluation_to_mlflow
 from tasks.domain.model_registry import Comparison, compare_with_champion
 from tasks.domain.staging import StagedDataset
 from tasks.domain.training_run import TrainingOutcome
 
 EVALUATE_TIMEOUT_S = 30 * 60
-
-
-def use_assigned_cpus() -> int:
-    """Give torch as many threads as the CPUs Ray assigned this task (Ray starts workers with one thread)."""
-    import ray
-    import torch
-
-    cpus = 1
-    if ray.is_initialized():
-        cpus = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
-    torch.set_num_threads(cpus)
-    return cpus
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, timeout_seconds=EVALUATE_TIMEOUT_S)

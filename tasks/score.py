@@ -15,6 +15,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tasks.artifacts import artifact_key
+from tasks.domain.cpu_threads import use_assigned_cpus
 from tasks.domain.batch_scoring import (
     ModelAliasError,
     ResolvedModel,
@@ -66,6 +67,7 @@ def read_input(input_url: str, storage_options: dict[str, Any] | None) -> ImageS
 @task(name="score-chunk", cache_policy=NO_CACHE, timeout_seconds=SCORE_CHUNK_TIMEOUT_S)
 def score_images_chunk(model: ResolvedModel, images: ImageSet) -> Any:
     """Predictions of one chunk (the model is loaded once per worker process, not per chunk or image)."""
+    use_assigned_cpus()
     chunk = score_chunk(model, images)
     how = "loaded the model" if chunk.loaded_model else "reused the model already loaded"
     get_run_logger().info("Scored %d images (ids %s..%s); worker pid %d %s", len(chunk.frame), images.ids[0],

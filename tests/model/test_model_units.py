@@ -250,3 +250,19 @@ def test_requirement_mismatches_name_the_package_and_the_installed_version(tmp_p
     problems = requirement_mismatches(model)
     assert problems == [f"numpy==0.0.1 (installed: {version('numpy')})", "no-such-package-xyz==1.0 (not installed)"]
     assert ResolvedModel(name="m", alias="a", version="2", tracking_uri="x").load_uri == "models:/m/2"
+
+
+def test_a_ray_task_gets_as_many_torch_threads_as_the_cpus_it_reserved(ray_session):
+    import ray
+
+    from tasks.domain.cpu_threads import use_assigned_cpus
+
+    @ray.remote
+    def threads_after() -> tuple[int, int]:
+        torch.set_num_threads(2)  # as a worker that preloaded torch has it: one thread per core
+        return use_assigned_cpus(), torch.get_num_threads()
+
+    assert ray.get(threads_after.options(num_cpus=1).remote()) == (1, 1)
+    assert ray.get(threads_after.options(num_cpus=2).remote()) == (2, 2)
+    before = torch.get_num_threads()
+    assert use_assigned_cpus() == before  # the driver runs no task: its threads are left alone

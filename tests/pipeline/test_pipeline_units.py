@@ -163,7 +163,8 @@ def test_ray_workers_get_the_api_url_and_no_ephemeral_server_and_no_secret():
     assert env == {"PREFECT_API_URL": "http://127.0.0.1:4200/api", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "false",
                    "PREFECT_LOGGING_EXTRA_LOGGERS": "trainlib"}
     runner = make_task_runner(None, "http://127.0.0.1:4200/api")
-    assert runner.address == "local" and runner.init_kwargs["runtime_env"]["env_vars"] == env
+    assert runner.address == "local" and runner.worker_env == env and "runtime_env" not in runner.init_kwargs
+    assert runner.duplicate().worker_env == env  # Prefect runs a flow on a duplicate of its task runner
     assert make_task_runner("ray://head:10001", "http://x/api").address == "ray://head:10001"
 
 

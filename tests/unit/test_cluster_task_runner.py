@@ -23,8 +23,8 @@ def no_ray_env(monkeypatch):
 def test_local_ray_ships_nothing(no_ray_env):
     runner = make_task_runner(None, API)
     assert runner.address == "local"
-    assert "py_modules" not in runner.init_kwargs["runtime_env"]
-    assert runner.init_kwargs["runtime_env"]["env_vars"]["PREFECT_API_URL"] == API
+    assert "runtime_env" not in runner.init_kwargs  # the workers inherit their environment from the raylet
+    assert runner.worker_env["PREFECT_API_URL"] == API
 
 
 def test_cluster_gets_the_project_code(no_ray_env):
