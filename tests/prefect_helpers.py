@@ -48,6 +48,13 @@ class PrefectServer:
     def stop(self) -> None:
         if self.process is None:
             return
+        # Send this process's queued Prefect logs and events while the server still answers: left queued,
+        # Prefect's exit hook retries each against the stopped server, for minutes (seen: 20 min at exit).
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=10)
+        EventsWorker.drain_all(timeout=10)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGTERM)
         try:
