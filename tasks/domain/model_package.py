@@ -7,9 +7,9 @@ benchmarks; no Prefect here. One MLflow model folder holds two flavors:
   a state dict, and a ``model_config`` with the class names, the normalisation and
   the architecture: raw images in, labels out (``mlflow.pyfunc.load_model``,
   ``mlflow models serve``);
-* ``pytorch``: the plain ``torch.nn.Module`` (the model file's ``ResNet18``, whose file ships in the
-  flavor's ``code/`` folder), so
-  ``mlflow.pytorch.load_model`` gives a network to fine-tune. MLflow 3 refuses to
+* ``pytorch``: the plain ``torch.nn.Module`` (the model file's ``ResNet18``; the file ships in
+  the flavor's ``code/`` folder), so ``mlflow.pytorch.load_model`` gives a network to
+  fine-tune without this repository or torchvision. MLflow 3 refuses to
   unpickle it unless ``MLFLOW_ALLOW_PICKLE_DESERIALIZATION=true``; the pickle-free way
   to the same module is ``mlflow.pyfunc.load_model(uri).unwrap_python_model().network``.
 
