@@ -20,12 +20,13 @@ import time
 import uuid
 
 import pytest
-from http_health import healthy
 
 import trainlib
 from cluster_harness import BIN, HEAD_IP, REPO_ROOT, LocalRayCluster, can_hide_code, free_port
-from conftest import FASHION_MNIST_MIRROR, PREFECT_TEST_SERVER_ENV, start_session_ray
+from conftest import FASHION_MNIST_MIRROR, start_session_ray
 from cluster_jobs import checkpoint_state, expected_total, spread_train_func
+from prefect_helpers import PrefectServer
+from tracking.mlflow_helpers import MlflowServer
 from trainlib.torch import TorchTrainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -40,26 +41,6 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "AKIACLUSTERFAKE", "AWS_SECRET_ACCESS_KEY": "clus
           "AWS_DEFAULT_REGION": "us-east-1"}
 MIRROR = FASHION_MNIST_MIRROR
 PROJECT_MODULES = [os.path.join(REPO_ROOT, p) for p in ("trainlib", "tasks", "flows")]
-
-
-def _start_servers(servers: list[tuple[list[str], str, str]], env: dict[str, str]) -> list[subprocess.Popen]:
-    """Start every ``(command, health URL, log path)`` at once, then wait until each answers its health URL."""
-    processes = []
-    for cmd, _, log_path in servers:
-        with open(log_path, "wb") as log:
-            processes.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                              start_new_session=True))
-    deadline = time.monotonic() + 120
-    for process, (cmd, health_url, log_path) in zip(processes, servers):
-        while not healthy(health_url):
-            if process.poll() is not None or time.monotonic() > deadline:
-                for started in processes:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(started.pid, 9)
-                with open(log_path, errors="replace") as f:
-                    raise RuntimeError(f"{cmd[0]} did not answer {health_url}:\n{f.read()[-3000:]}")
-            time.sleep(0.3)
-    return processes
 
 
 @pytest.fixture(scope="module")
@@ -102,32 +83,16 @@ def cluster(s3):
 def services(tmp_path_factory, s3):
     """A Prefect server and an MLflow server (artifacts on S3), both on 127.0.0.1."""
     root = tmp_path_factory.mktemp("cluster-services")
-    prefect_port, mlflow_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS"))}
-    env.update(s3, **PREFECT_TEST_SERVER_ENV, PREFECT_HOME=str(root / "prefect_home"),
-               PREFECT_UI_ENABLED="false")
-    api_url = f"http://127.0.0.1:{prefect_port}/api"
-    mlflow_uri = f"http://127.0.0.1:{mlflow_port}"
-    processes = []
+    prefect_server = PrefectServer(root, dict(env, **s3)).start()  # starts while the MLflow server starts
+    mlflow_server = MlflowServer(str(root / "mlflow"), artifacts_destination=f"s3://{BUCKET}/mlartifacts")
     try:
-        processes = _start_servers([
-            ([f"{BIN}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-             f"{api_url}/health", str(root / "prefect.log")),
-            ([f"{BIN}/mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-              "--artifacts-destination", f"s3://{BUCKET}/mlartifacts", "--host", "127.0.0.1",
-              "--port", str(mlflow_port), "--workers", "1"],
-             f"{mlflow_uri}/health", str(root / "mlflow.log")),
-        ], env)
-        yield {"api_url": api_url, "mlflow_uri": mlflow_uri, "root": root}
+        mlflow_server.start()  # this process's environment holds the S3 endpoint and keys (the s3 fixture)
+        prefect_server.wait()
+        yield {"api_url": prefect_server.api_url, "mlflow_uri": mlflow_server.uri, "root": root}
     finally:
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, 15)
-        for process in processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, 9)
+        prefect_server.stop()
+        mlflow_server.stop()
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -28,14 +28,15 @@ def free_port() -> int:
 
 
 class MlflowServer:
-    """A real `mlflow server` on 127.0.0.1 with a SQLite store and proxied local artifacts."""
+    """A real `mlflow server` on 127.0.0.1 with a SQLite store and proxied artifacts (local, or an S3 URL
+    whose credentials and endpoint are in this process's environment)."""
 
-    def __init__(self, root: str, port: int | None = None):
+    def __init__(self, root: str, port: int | None = None, artifacts_destination: str | None = None):
         self.root = root
         self.port = port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.db = os.path.join(root, "mlflow.db")
-        self.artifacts = os.path.join(root, "mlartifacts")
+        self.artifacts = artifacts_destination or os.path.join(root, "mlartifacts")  # a folder or e.g. s3://bucket/x
         self.log_path = os.path.join(root, "server.log")
         self.proc: subprocess.Popen | None = None
 
