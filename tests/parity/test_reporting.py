@@ -12,6 +12,7 @@ import tempfile
 import time
 
 import pytest
+import torch.distributed
 
 import trainlib
 from trainlib import CheckpointUploadMode
@@ -197,8 +198,12 @@ def restarting_train_func(config):
         with tempfile.TemporaryDirectory() as folder:
             trainlib.report({"step": step, "attempt": attempt, "seen_at_start": seen_at_start},
                             checkpoint=_write_checkpoint(folder, step))
-        if step == 1 and attempt == 0 and trainlib.get_context().get_world_rank() == 1:
-            raise RuntimeError("planned failure")
+        if step == 1 and attempt == 0:
+            # Both ranks have reported step 1 before rank 1 fails, however loaded the machine: trainlib keeps
+            # the reports every rank made before a failure, not ones a slower rank would have made later.
+            torch.distributed.barrier()
+            if trainlib.get_context().get_world_rank() == 1:
+                raise RuntimeError("planned failure")
 
 
 def test_get_all_reported_checkpoints_survives_restarts(ray_session, storage_path):
