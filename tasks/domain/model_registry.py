@@ -114,13 +114,18 @@ def test_split_md5(dataset: StagedDataset) -> str:
     return ",".join(md5 for name, md5 in sorted(dataset.md5s.items()) if name.startswith("t10k-"))
 
 
+def checkpoint_network(checkpoint_uri: str) -> torch.nn.Module:
+    """The trained network in ``checkpoint_uri``, as the registered model's own class (no torchvision import)."""
+    with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
+        return load_model(folder, build=build_network)
+
+
 def compare_with_champion(checkpoint_uri: str, dataset: StagedDataset, cache_dir: str, test_limit: int | None,
                           model_name: str, tracking_uri: str) -> Comparison:
     """Score the trained checkpoint and the current champion on the same test images (the evaluate step)."""
     files = fetch_staged(dataset, cache_dir)
     images, labels = load_fashion_mnist_split(files.folder, train=False, limit=test_limit)
-    with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
-        network = load_model(folder, build=build_network)  # the registered model's own network: no torchvision
+    network = checkpoint_network(checkpoint_uri)
     report = evaluate_model(network, images, labels, get_dataset_spec(dataset.name).class_names)
     champion = score_champion(model_name, tracking_uri, images, labels)
     return Comparison(report=report, champion=champion, test_data_md5=test_split_md5(dataset))
@@ -128,9 +133,7 @@ def compare_with_champion(checkpoint_uri: str, dataset: StagedDataset, cache_dir
 
 def _register_model(checkpoint_uri: str, card: ModelCard, model_name: str, run_id: str, tracking_uri: str) -> str:
     """Package the checkpoint's network, log it to run ``run_id`` and register it; return the version."""
-    with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
-        network = load_model(folder, build=build_network)
-    return log_and_register(network, card, model_name, run_id, tracking_uri).version
+    return log_and_register(checkpoint_network(checkpoint_uri), card, model_name, run_id, tracking_uri).version
 
 
 def register_and_promote(training: TrainingOutcome, comparison: Comparison, card: ModelCard, model_name: str,

@@ -4,7 +4,7 @@ Runs on the workers (training) and the driver (evaluation, registration).
 
 Example::
 
-    model = load_model(checkpoint_folder)
+    model = load_model(checkpoint_folder, build=build_model)
     logits = model(to_inputs(images_uint8))
 """
 
@@ -35,11 +35,11 @@ def to_inputs(images: torch.Tensor) -> torch.Tensor:
     return ((images.to(torch.float32) / 255.0 - MEAN) / STD).unsqueeze(1)
 
 
-def load_model(checkpoint_dir: str, build: Callable[[], torch.nn.Module] = build_model) -> torch.nn.Module:
+def load_model(checkpoint_dir: str, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     """The model saved in a checkpoint folder by the training loop, in eval mode (tutorial step [6]).
 
-    ``build`` makes the untrained network: torchvision's (the default) or the registered model's
-    torch-only copy (``classifier_model.build_network``), which loads without importing torchvision.
+    ``build`` makes the untrained network: :func:`build_model` (torchvision's) or the registered
+    model's torch-only copy (``classifier_model.build_network``), which loads without importing torchvision.
     """
     model = build()
     state = torch.load(os.path.join(checkpoint_dir, MODEL_FILE), map_location="cpu", weights_only=True)
