@@ -106,3 +106,54 @@ def test_racing_contenders_get_one_owner(storage):
         winners = [w for w in pool.map(contend, range(8)) if w is not None]
     assert len(winners) == 1
     winners[0].release()
+
+
+def test_a_lease_being_created_in_this_process_is_not_taken_as_ended(storage, monkeypatch):
+    """Two fits in one process: the second reads the first's lease right after its file is created."""
+    import threading
+
+    created, checked = threading.Event(), threading.Event()
+    real_create = RunLease._create
+
+    def create_then_pause(self, path, data):
+        won = real_create(self, path, data)
+        if threading.current_thread().name == "first":
+            created.set()
+            checked.wait(30)
+        return won
+
+    monkeypatch.setattr(RunLease, "_create", create_then_pause)
+    first = RunLease(storage)
+    thread = threading.Thread(target=first.acquire, name="first")
+    thread.start()
+    assert created.wait(30)
+    try:
+        with pytest.raises(RunInUseError, match="being trained by another driver"):
+            RunLease(storage).acquire()
+    finally:
+        checked.set()
+        thread.join(30)
+    assert first.record is not None and first.record.generation == 1
+    first.release()
+
+
+def test_a_generation_removed_while_read_is_followed_to_the_newer_one(storage, monkeypatch):
+    """A contender that listed generation 1 just before the new owner removed it must not recreate it."""
+    owner = RunLease(storage)
+    owner.acquire()
+    owner.release()
+    newer = RunLease(storage)
+    newer.acquire()  # generation 2; generation 1 removed
+    real_generations = RunLease._generations
+    calls = []
+
+    def first_listing_is_stale(self):
+        calls.append(1)
+        return [1] if len(calls) == 1 else real_generations(self)
+
+    monkeypatch.setattr(RunLease, "_generations", first_listing_is_stale)
+    with pytest.raises(RunInUseError, match="being trained by another driver"):
+        RunLease(storage).acquire()
+    monkeypatch.setattr(RunLease, "_generations", real_generations)
+    assert not storage.fs.exists(owner._path(1))  # not recreated by the contender
+    newer.release()

@@ -78,16 +78,19 @@ class RunLease:
                     raise self._in_use(current)
                 self.previous = current
             record = LeaseRecord.mine(generation=(current.generation if current else 0) + 1)
+            # Held here before the file exists: another thread of this process that reads the new lease
+            # between its creation and this line must see a live owner, not one that "ended in this process".
+            _HELD_HERE.add(record.owner_id)
             if self._create(self._path(record.generation), record.to_bytes()):
                 self.record = record
-                _HELD_HERE.add(record.owner_id)
                 if current is not None and current.released_at is None:
                     logger.warning("Run %s: taking over from its previous driver (%s): %s.", self.storage.uri(),
-                                   current.describe(), current.stale_reason())
+                                   current.describe(), reason)
                 self._remove_older(record.generation)
                 self._thread = threading.Thread(target=self._heartbeat_loop, name="trainlib-lease", daemon=True)
                 self._thread.start()
                 return record
+            _HELD_HERE.discard(record.owner_id)
         current = self._current()
         raise self._in_use(current) if current else RunInUseError(
             f"Could not take the lease of run {self.storage.uri()}: other drivers kept winning it.")
@@ -117,17 +120,24 @@ class RunLease:
         return sorted(out)
 
     def _current(self) -> LeaseRecord | None:
-        for generation in reversed(self._generations()):
+        for _ in range(10):
+            generations = self._generations()
+            if not generations:
+                return None
+            generation = generations[-1]
             try:
                 return LeaseRecord.from_bytes(self.fs.cat_file(self._path(generation)))
             except FileNotFoundError:
-                continue  # removed since the listing (cleanup by a new owner)
+                # Removed since the listing: only a newer owner removes a generation, so list again rather
+                # than fall back to an older (or no) lease and create a generation that already had an owner.
+                continue
             except (ValueError, TypeError):
                 # Lease files are created whole; an unreadable one is damage: treat it as stale.
                 logger.warning("Ignoring unreadable lease file %s", self.storage.uri(self._path(generation)))
                 return LeaseRecord(generation=generation, owner_id="", host="?", boot_id="", pid=0, pid_start=None,
                                    started_at=0.0, heartbeat_at=0.0, ttl_s=0.0)
-        return None
+        raise RunInUseError(f"The lease of run {self.storage.uri()} kept changing while it was read: other drivers "
+                            "are taking the run over. Wait for them to finish, or pick another RunConfig.name.")
 
     def _create(self, path: str, data: bytes) -> bool:
         """Create ``path`` holding ``data`` unless it exists; False when another driver was first."""
