@@ -3,8 +3,9 @@
 ``ray start --head`` on 127.0.0.2 and ``ray start --address=...`` for more nodes on
 127.0.0.3, 127.0.0.4...: each node is its own raylet with its own node IP, started
 from the CLI as on a real machine, with token authentication (Ray 2.60 turns it on
-at ``ray start --head``; the token is ~/.ray/auth_token, and every node and driver
-runs with ``RAY_AUTH_MODE=token``). Every port is chosen free, the cluster has its
+at ``ray start --head``): every node and driver runs with ``RAY_AUTH_MODE=token`` and
+``RAY_AUTH_TOKEN_PATH`` naming the cluster's own token file, written here, so a
+fresh machine needs no ~/.ray/auth_token and this machine's is never read or written. Every port is chosen free, the cluster has its
 own short temp dir, and it is stopped by killing its own process groups, never
 with ``ray stop`` (that would stop every Ray on this machine). ``ray start``
 rewrites /tmp/ray/ray_current_cluster, so drivers always pass the address.
@@ -26,6 +27,7 @@ import dataclasses
 import glob
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -128,6 +130,14 @@ class LocalRayCluster:
         self.dashboard = dashboard
         self.nodes: list[RayNode] = []
         self.port = self.dashboard_port = self.client_port = 0
+        self.token_path = os.path.join(self.root, "auth_token")
+        with open(os.open(self.token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secrets.token_hex(32))  # as `ray get-auth-token --generate`
+
+    @property
+    def auth_env(self) -> dict[str, str]:
+        """What every node and driver of this cluster needs to authenticate: token mode and the token's file."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_path}
 
     # -- addresses -------------------------------------------------------------------------------
 
@@ -147,7 +157,7 @@ class LocalRayCluster:
     def driver_env(self, **extra: str) -> dict[str, str]:
         """Environment for a driver process: token auth on, no inherited Ray address or Prefect/MLflow."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "PREFECT_", "MLFLOW_"))}
-        env.update(RAY_AUTH_MODE="token", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=REPO_ROOT)
+        env.update(self.auth_env, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=REPO_ROOT)
         env.update(extra)
         return env
 
@@ -183,7 +193,7 @@ class LocalRayCluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "PREFECT_", "MLFLOW_"))}
         # The venv is active on every node, as an operator's node has it: `python` is its Python.
         env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
-        env.update(self.node_env, RAY_AUTH_MODE="token", RAY_USAGE_STATS_ENABLED="0",
+        env.update(self.node_env, **self.auth_env, RAY_USAGE_STATS_ENABLED="0",
                    # A stopped node is declared dead in ~3 s instead of ~15 s.
                    RAY_health_check_period_ms="1000", RAY_health_check_failure_threshold="3")
         cwd = REPO_ROOT
@@ -240,13 +250,29 @@ class LocalRayCluster:
             time.sleep(0.5)
         raise RuntimeError(f"node {ip} did not register with the GCS at {self.address}")
 
+    @contextlib.contextmanager
+    def token_auth_here(self):
+        """This process's Ray client sends the cluster's token inside the block; its settings come back after."""
+        saved = {name: os.environ.get(name) for name in self.auth_env}
+        os.environ.update(self.auth_env)
+        self._reload_auth()
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            self._reload_auth()
+
     @staticmethod
-    def enable_token_auth_here() -> None:
-        """Make this process's Ray client send the cluster's token (Ray reads the mode at import)."""
-        os.environ["RAY_AUTH_MODE"] = "token"
+    def _reload_auth() -> None:
         import ray._raylet
 
-        ray._raylet.Config.initialize("")  # re-read RAY_AUTH_MODE, as ray.init does for a new cluster
+        # Re-read RAY_AUTH_MODE (read at import) and drop the cached token, as ray.init does for a new cluster.
+        ray._raylet.Config.initialize("")
+        ray._raylet.AuthenticationTokenLoader.instance().reset_cache()
 
     def list_nodes(self) -> list[dict[str, Any]]:
         """The GCS's node table, read by a short driver process (this process keeps its own Ray)."""

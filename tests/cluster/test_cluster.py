@@ -113,12 +113,12 @@ def connected(cluster: LocalRayCluster, runtime_env: dict):
     import ray
 
     ray.shutdown()
-    cluster.enable_token_auth_here()
-    ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=True)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    with cluster.token_auth_here():
+        ray.init(address=cluster.address, runtime_env=runtime_env, log_to_driver=True)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
 
 
 def probe_imports(cluster: LocalRayCluster, runtime_env: dict | None = None) -> dict[str, dict[str, bool]]:
