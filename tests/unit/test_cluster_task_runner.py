@@ -59,3 +59,48 @@ def test_reach_guard_reads_the_cluster_nodes(monkeypatch):
     assert "PREFECT_API_URL" in str(info.value) and "mlflow_tracking_uri" in str(info.value)
     nodes[1]["Alive"] = False  # a dead node is not asked to reach anything
     check_cluster_reach(API, "sqlite:///x.db", "/tmp/runs", ["/data/mirror"])
+
+
+LOCAL_RUNNER_SCRIPT = r"""
+import json, os
+import ray
+from flows.task_runner import make_task_runner
+
+with make_task_runner(None, "http://127.0.0.1:9/api") as runner:
+    @ray.remote
+    def env_and_modules():
+        import sys
+        return os.environ.get("PREFECT_API_URL"), "torch" in sys.modules
+
+    node = ray._private.worker._global_node
+    for info in node.all_processes.get("monitor", []):  # killed as Ray came up; give it time to be reaped
+        try:
+            info.process.wait(10)
+        except Exception:
+            pass
+    alive = {kind: [i.process.poll() is None for i in infos] for kind, infos in node.all_processes.items()}
+    print("STATE " + json.dumps({"alive": alive, "task": ray.get(env_and_modules.remote()),
+                                 "env_here": os.environ.get("PREFECT_API_URL")}), flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_local_runner_starts_a_lean_ray_whose_workers_have_the_env_and_torch(no_ray_env, tmp_path):
+    """A fresh process, as a flow run: no dashboard head started, no monitor left, the workers set up."""
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "PREFECT_"))}
+    env["PYTHONPATH"] = REPO_ROOT
+    out = subprocess.run([sys.executable, "-c", LOCAL_RUNNER_SCRIPT], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=280)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    state = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("STATE "))[6:])
+    assert "dashboard" not in state["alive"] and state["alive"]["monitor"] == [False]
+    assert state["alive"]["raylet"] == [True]
+    # The worker inherited the flow's Prefect URL from the raylet and had torch preloaded; this process
+    # got its environment back after Ray started.
+    assert state["task"] == ["http://127.0.0.1:9/api", True]
+    assert state["env_here"] is None

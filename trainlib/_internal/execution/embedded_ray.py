@@ -5,7 +5,10 @@ single-node Ray for the run (``ray.init(address="local")``). Two of the daemons
 Ray starts for it do nothing for such a run: the dashboard head (with
 ``include_dashboard=False`` it only hosts usage statistics) and the autoscaler
 monitor (a local node never scales). They cost ~230 MB of memory and, at exit,
-Ray gives each up to a second to stop, one after another; trainlib stops them as
+Ray gives each up to a second to stop, one after another. The dashboard head is
+not started at all (:func:`without_dashboard_head`): ``ray.init`` waits until it
+has imported its web stack and published its address, ~1.7 s of a 3.7 s start on
+a quiet 2-core machine (and 10 s and more under load); the monitor is stopped as
 soon as Ray is up (bench/results/overhead.md). Ray's own exit hook also sleeps
 0.5 s so the workers' last log lines reach the driver; trainlib's hook waits only
 what is left of that since the last ``fit()`` returned, then shuts Ray down.
@@ -16,9 +19,12 @@ A Ray that the user initialised, or a cluster (``RAY_ADDRESS``), is never touche
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.ray_connect import probe_ray_address
@@ -30,7 +36,8 @@ logger = logging.getLogger("trainlib")
 # prepares storage and the placement group, not after the actors are created on those workers.
 WORKER_PRELOAD_MODULES = ("torch", "torch.distributed", "trainlib._internal.execution.worker")
 
-# Daemons of a local head node that an embedded trainlib run never uses (Ray's process-type names).
+# Daemons of a local head node that an embedded trainlib run never uses (Ray's process-type names);
+# the dashboard head is here for a Ray whose start without_dashboard_head() could not change.
 UNUSED_DAEMONS = ("dashboard", "monitor")
 
 _started_here = False
@@ -51,8 +58,9 @@ def ensure_ray() -> None:
         return
     # address="local": without it Ray joins the last cluster started on this machine
     # (/tmp/ray/ray_current_cluster), which may be someone else's.
-    ray.init(address="local", include_dashboard=False, log_to_driver=True,
-             _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)})
+    with without_dashboard_head():
+        ray.init(address="local", include_dashboard=False, log_to_driver=True,
+                 _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)})
     _started_here = True
     stop_unused_daemons()
     # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).
@@ -64,6 +72,38 @@ def started_embedded_ray() -> bool:
     import ray
 
     return _started_here and ray.is_initialized()
+
+
+@contextlib.contextmanager
+def without_dashboard_head() -> Iterator[None]:
+    """Inside the block, a local Ray started with ``include_dashboard=False`` gets no dashboard head process.
+
+    Ray starts it anyway, for usage statistics only, and ``ray.init`` polls until it is up. Ray's
+    ``Node.start_api_server`` (private) is replaced for the block; with another Ray version that lacks
+    it, or with ``include_dashboard`` true or unset, Ray starts its dashboard as usual. Not thread-safe
+    against another thread starting a Ray node in the same process (nothing in trainlib does).
+    """
+    try:
+        from ray._private.node import Node
+    except ImportError:
+        yield
+        return
+    original = getattr(Node, "start_api_server", None)
+    if original is None:
+        yield
+        return
+
+    def start_api_server(self: Any, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
+        if include_dashboard is not False:
+            original(self, include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
+            return
+        self._webui_url = None  # what a head node has before its dashboard starts: "no dashboard"
+
+    Node.start_api_server = start_api_server
+    try:
+        yield
+    finally:
+        Node.start_api_server = original
 
 
 def stop_unused_daemons() -> list[str]:
