@@ -35,8 +35,13 @@ def start_session_ray() -> None:
     """Start the session's embedded Ray; modules that connect to a cluster of their own call it to restore it."""
     import ray
 
+    from trainlib._internal.execution.embedded_ray import stop_unused_daemons, without_dashboard_head
+
     # address="local": never join another cluster on this machine (/tmp/ray/ray_current_cluster).
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
+    # As lean as trainlib's own embedded Ray (no dashboard head, no monitor): the suite is CPU-bound.
+    with without_dashboard_head():
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
+    stop_unused_daemons()
 
 
 @pytest.fixture(scope="session")

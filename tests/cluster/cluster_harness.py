@@ -5,10 +5,11 @@
 from the CLI as on a real machine, with token authentication (Ray 2.60 turns it on
 at ``ray start --head``): every node and driver runs with ``RAY_AUTH_MODE=token`` and
 ``RAY_AUTH_TOKEN_PATH`` naming the cluster's own token file, written here, so a
-fresh machine needs no ~/.ray/auth_token and this machine's is never read or written. Every port is chosen free, the cluster has its
-own short temp dir, and it is stopped by killing its own process groups, never
-with ``ray stop`` (that would stop every Ray on this machine). ``ray start``
-rewrites /tmp/ray/ray_current_cluster, so drivers always pass the address.
+fresh machine needs no ~/.ray/auth_token and this machine's is never read or
+written. Every port is chosen free, the cluster has its own short temp dir, and
+it is stopped by killing its own process groups, never with ``ray stop`` (that
+would stop every Ray on this machine). ``ray start`` rewrites
+/tmp/ray/ray_current_cluster, so drivers always pass the address.
 
 A node started ``without_code`` cannot import trainlib, tasks or flows: its
 raylet (and so every worker process it starts) runs in a private mount
@@ -253,17 +254,13 @@ class LocalRayCluster:
     @contextlib.contextmanager
     def token_auth_here(self):
         """This process's Ray client sends the cluster's token inside the block; its settings come back after."""
-        saved = {name: os.environ.get(name) for name in self.auth_env}
-        os.environ.update(self.auth_env)
-        self._reload_auth()
+        from unittest import mock
+
         try:
-            yield
+            with mock.patch.dict(os.environ, self.auth_env):  # restores the variables after the block
+                self._reload_auth()
+                yield
         finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
             self._reload_auth()
 
     @staticmethod

@@ -27,9 +27,12 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
+    from trainlib._internal.execution.embedded_ray import without_dashboard_head
+
     was_running = ray.is_initialized()
     ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    with without_dashboard_head():  # the suite is CPU-bound; nothing here uses it
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     ray.init(address=c.address)
     yield c
     ray.shutdown()
