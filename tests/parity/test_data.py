@@ -137,3 +137,26 @@ def test_datasets_are_checked_before_anything_starts():
                      dataset_config=trainlib.DataConfig(datasets_to_split=["test"]))
     with pytest.raises(TypeError, match="datasets_to_split"):
         trainlib.DataConfig(datasets_to_split="train")
+
+
+def count_rows_func(config):
+    rows = sum(len(batch["id"]) for batch in trainlib.get_dataset_shard("train").iter_batches(batch_size=8))
+    trainlib.report({"rows": rows})
+
+
+@pytest.mark.timeout(300)
+def test_workers_holding_every_cpu_get_a_warning_that_ray_data_has_none(ray_session, storage_path, caplog):
+    """The session Ray has 4 CPUs; two 2-CPU workers leave none for Ray Data's tasks. A materialized
+    dataset needs none, so this run trains (an unmaterialized one would wait forever: hence the warning)."""
+    import ray
+
+    dataset = ray.data.range(40).materialize()  # its tasks run now, while the CPUs are free
+    total = ray.cluster_resources()["CPU"]
+    with caplog.at_level("WARNING", logger="trainlib"):
+        result = TorchTrainer(
+            count_rows_func, datasets={"train": dataset},
+            scaling_config=trainlib.ScalingConfig(num_workers=2, resources_per_worker={"CPU": total / 2}),
+            run_config=trainlib.RunConfig(name="no-cpu-for-data", storage_path=storage_path)).fit()
+    assert result.error is None and result.metrics["rows"] == 20
+    [warning] = [r.getMessage() for r in caplog.records if "Ray Data's read and map tasks" in r.getMessage()]
+    assert "'train'" in warning and "resources_per_worker" in warning and "ray.init(num_cpus=" in warning
