@@ -58,9 +58,10 @@ def _evaluate_and_register(registry, network, name: str, min_margin: float):
 
 
 @pytest.mark.timeout(900)  # four registrations of a 45 MB model; generous for a loaded 2-core machine
-def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry):
+def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
+    monkeypatch.chdir(tmp_path)  # where MLflow's Default experiment of this SQLite store would put files
     client = MlflowClient(tracking_uri=registry["uri"])
     torch.manual_seed(0)
     from tasks.domain.classifier_model import build_network
@@ -98,3 +99,8 @@ def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry
     assert float(tags["promotion_margin"]) == pytest.approx(win, abs=1e-6)
     assert float(tags["promotion_min_margin"]) == pytest.approx(win / 2, abs=1e-6)
     assert os.path.basename(tags["checkpoint"]) == "strong"
+    # Every registered model's files are under its run's experiment, none in the working directory.
+    experiment = client.get_experiment_by_name("promotion")
+    logged = client.search_logged_models(experiment_ids=[experiment.experiment_id])
+    assert len(logged) == 4 and all(m.artifact_location.startswith(experiment.artifact_location) for m in logged)
+    assert not (tmp_path / "mlruns").exists(), sorted(p.name for p in tmp_path.iterdir())
