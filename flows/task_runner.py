@@ -10,11 +10,10 @@ runs, :func:`check_cluster_reach` refuses addresses that nodes on other hosts ca
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 from prefect.settings import get_current_settings
 from prefect_ray import RayTaskRunner
@@ -26,6 +25,7 @@ from trainlib._internal.execution.embedded_ray import (
     stop_unused_daemons,
     without_dashboard_head,
 )
+from trainlib._internal.util.environ import environment
 
 PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
 RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray for a submitted job's driver
@@ -88,7 +88,7 @@ class LocalRayTaskRunner(RayTaskRunner):
         return type(self)(address=self.address, init_kwargs=self.init_kwargs, worker_env=self.worker_env)
 
     def __enter__(self) -> "LocalRayTaskRunner":
-        with _environment(self.worker_env), without_dashboard_head():
+        with environment(self.worker_env), without_dashboard_head():
             super().__enter__()
         if self._owns_ray:
             stop_unused_daemons()
@@ -98,21 +98,6 @@ class LocalRayTaskRunner(RayTaskRunner):
     def workers_have_env(self) -> bool:
         """Whether the Ray workers were started with ``worker_env`` (this runner started Ray)."""
         return self._owns_ray
-
-
-@contextlib.contextmanager
-def _environment(variables: Mapping[str, str]) -> Iterator[None]:
-    """Set ``variables`` in this process's environment for the block, then restore what was there."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def local_task_runner(preload: Iterable[str] = (), worker_env: Mapping[str, str] | None = None,

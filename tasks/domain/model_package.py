@@ -253,26 +253,18 @@ def log_and_register(network: torch.nn.Module, card: ModelCard, model_name: str,
     import mlflow
     from mlflow import MlflowClient
 
+    from trainlib._internal.util.environ import environment
     from trainlib.mlflow import using_tracking_uri
 
     client = MlflowClient(tracking_uri=tracking_uri)
     # MLflow files the logged model under the active experiment, else MLFLOW_EXPERIMENT_ID, else the
     # Default one ("0"), not under the run's: without this the model's files went to the Default
     # experiment's artifact root, for a SQLite store without one ./mlruns in the working directory.
-    experiment_id = client.get_run(run_id).info.experiment_id if run_id else None
-    previous_experiment = os.environ.get("MLFLOW_EXPERIMENT_ID")
-    if experiment_id is not None:
-        os.environ["MLFLOW_EXPERIMENT_ID"] = experiment_id
-    try:
-        with using_tracking_uri(tracking_uri):
-            info = mlflow.models.Model.log(
-                artifact_path=None, name=MODEL_ARTIFACT_NAME, flavor=_ClassifierFlavor(network, card),
-                flavor_name="python_function", registered_model_name=model_name, run_id=run_id)
-    finally:
-        if previous_experiment is None:
-            os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
-        else:
-            os.environ["MLFLOW_EXPERIMENT_ID"] = previous_experiment
+    experiment = {"MLFLOW_EXPERIMENT_ID": client.get_run(run_id).info.experiment_id} if run_id else {}
+    with using_tracking_uri(tracking_uri), environment(experiment):
+        info = mlflow.models.Model.log(
+            artifact_path=None, name=MODEL_ARTIFACT_NAME, flavor=_ClassifierFlavor(network, card),
+            flavor_name="python_function", registered_model_name=model_name, run_id=run_id)
     version = str(info.registered_model_version)
     client.update_registered_model(model_name, description=registered_model_description(card.names()))
     client.update_model_version(model_name, version, description=card.version_description())
