@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 
@@ -42,6 +43,30 @@ def start_session_ray() -> None:
     with without_dashboard_head():
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
     stop_unused_daemons()
+
+
+@contextlib.contextmanager
+def cluster_utils_cluster(head_cpus: int, node_cpus: tuple[int, ...] = ()):
+    """A ``ray.cluster_utils`` cluster (head, then one node per ``node_cpus``) this process is connected to,
+    yielded as (cluster, nodes); the session's embedded Ray comes back after, for the modules that follow."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from trainlib._internal.execution.embedded_ray import without_dashboard_head
+
+    was_running = ray.is_initialized()
+    ray.shutdown()
+    with without_dashboard_head():  # the suite is CPU-bound; nothing here uses it
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, "include_dashboard": False})
+    nodes = [cluster.add_node(num_cpus=cpus) for cpus in node_cpus]
+    if nodes:
+        cluster.wait_for_nodes()
+    ray.init(address=cluster.address)
+    yield cluster, nodes
+    ray.shutdown()
+    cluster.shutdown()
+    if was_running:
+        start_session_ray()
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import start_session_ray
+from conftest import cluster_utils_cluster
 
 import trainlib
 from trainlib.torch import TorchTrainer
@@ -24,21 +24,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster():
-    import ray
-    from ray.cluster_utils import Cluster
-
-    from trainlib._internal.execution.embedded_ray import without_dashboard_head
-
-    was_running = ray.is_initialized()
-    ray.shutdown()
-    with without_dashboard_head():  # the suite is CPU-bound; nothing here uses it
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    ray.init(address=c.address)
-    yield c
-    ray.shutdown()
-    c.shutdown()
-    if was_running:  # as the session fixture left it, for the modules after this one
-        start_session_ray()
+    with cluster_utils_cluster(head_cpus=1) as (c, _):
+        yield c
 
 
 def elastic_train_func(config):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import start_session_ray
+from conftest import cluster_utils_cluster
 
 import trainlib
 from storage_helpers import expected_w, placement_train_func, resumable_train_func
@@ -24,23 +24,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster():
-    import ray
-    from ray.cluster_utils import Cluster
-
-    from trainlib._internal.execution.embedded_ray import without_dashboard_head
-
-    was_running = ray.is_initialized()
-    ray.shutdown()
-    with without_dashboard_head():  # the suite is CPU-bound; nothing here uses it
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    workers = [c.add_node(num_cpus=1) for _ in range(2)]
-    c.wait_for_nodes()
-    ray.init(address=c.address)
-    yield c, workers
-    ray.shutdown()
-    c.shutdown()
-    if was_running:  # as the session fixture left it, for the modules after this one
-        start_session_ray()
+    with cluster_utils_cluster(head_cpus=2, node_cpus=(1, 1)) as (c, workers):
+        yield c, workers
 
 
 def read_ranks(out_dir, world_size):
