@@ -157,3 +157,16 @@ def test_a_generation_removed_while_read_is_followed_to_the_newer_one(storage, m
     monkeypatch.setattr(RunLease, "_generations", real_generations)
     assert not storage.fs.exists(owner._path(1))  # not recreated by the contender
     newer.release()
+
+
+def test_a_create_that_fails_leaves_nothing_held_in_this_process(storage, monkeypatch):
+    from trainlib._internal.storage import lease as lease_module
+
+    def storage_down(self, path, data):
+        raise OSError("storage is down")
+
+    held_before = set(lease_module._HELD_HERE)
+    monkeypatch.setattr(RunLease, "_create", storage_down)
+    with pytest.raises(OSError, match="storage is down"):
+        RunLease(storage).acquire()
+    assert lease_module._HELD_HERE == held_before

@@ -79,9 +79,15 @@ class RunLease:
                 self.previous = current
             record = LeaseRecord.mine(generation=(current.generation if current else 0) + 1)
             # Held here before the file exists: another thread of this process that reads the new lease
-            # between its creation and this line must see a live owner, not one that "ended in this process".
+            # as soon as it is created must see a live owner, not one that "ended in this process".
             _HELD_HERE.add(record.owner_id)
-            if self._create(self._path(record.generation), record.to_bytes()):
+            created = False
+            try:
+                created = self._create(self._path(record.generation), record.to_bytes())
+            finally:
+                if not created:  # lost the race, or storage failed: nothing of ours to hold
+                    _HELD_HERE.discard(record.owner_id)
+            if created:
                 self.record = record
                 if current is not None and current.released_at is None:
                     logger.warning("Run %s: taking over from its previous driver (%s): %s.", self.storage.uri(),
@@ -90,7 +96,6 @@ class RunLease:
                 self._thread = threading.Thread(target=self._heartbeat_loop, name="trainlib-lease", daemon=True)
                 self._thread.start()
                 return record
-            _HELD_HERE.discard(record.owner_id)
         current = self._current()
         raise self._in_use(current) if current else RunInUseError(
             f"Could not take the lease of run {self.storage.uri()}: other drivers kept winning it.")
