@@ -28,7 +28,8 @@ from trainlib._internal.execution.run import (
 from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.execution.worker import WorkerBackend
 from trainlib._internal.execution.validation import check_metadata
-from trainlib._internal.execution.worker_group import GroupData, RayWorkerGroup
+from trainlib._internal.execution.group_data import GroupData
+from trainlib._internal.execution.worker_group import RayWorkerGroup
 from trainlib._internal.storage.lease import RunLease
 from trainlib._internal.storage.run_record import RunRecord
 from trainlib._internal.storage.run_storage import RunStorage
