@@ -1,5 +1,5 @@
-"""The embedded Ray that fit() starts: lean (no dashboard head, no autoscaler monitor), usable for
-several fits, workers' output reaches the driver, and nothing of it outlives the driver's process.
+"""The embedded Ray that fit() starts: lean (no dashboard head, no autoscaler monitor, no torch in the
+workers of a trainer that does not use it), usable for several fits, workers' output reaches the driver, and nothing of it outlives the driver's process.
 
 Runs a fresh Python process (no Ray initialised, no RAY_ADDRESS), as a user's script does.
 """
@@ -24,18 +24,21 @@ from trainlib.torch import TorchTrainer
 
 def train_func(config):
     print(f"WORKER_SAYS rank={trainlib.get_context().get_world_rank()} fit={config['fit']}", flush=True)
-    trainlib.report({"fit": config["fit"]})
+    trainlib.report({"fit": config["fit"], "torch_loaded": "torch" in sys.modules})
 
 
-results = []
-for fit in (1, 2):  # the lean Ray serves a second fit() in the same process
-    result = TorchTrainer(train_func, train_loop_config={"fit": fit},
-                          scaling_config=trainlib.ScalingConfig(num_workers=2),
-                          run_config=trainlib.RunConfig(name=f"fit{fit}", storage_path=sys.argv[1])).fit()
+results, torch_loaded = [], []
+# The first fit starts Ray: a trainer without a framework has its workers preload no torch. The lean Ray
+# then serves a second fit() in the same process, a TorchTrainer's.
+for fit, trainer_class in ((1, trainlib.DataParallelTrainer), (2, TorchTrainer)):
+    result = trainer_class(train_func, train_loop_config={"fit": fit},
+                           scaling_config=trainlib.ScalingConfig(num_workers=2),
+                           run_config=trainlib.RunConfig(name=f"fit{fit}", storage_path=sys.argv[1])).fit()
     results.append(result.metrics["fit"])
+    torch_loaded.append(result.metrics["torch_loaded"])
 node = ray._private.worker._global_node
 alive = {kind: [info.process.poll() is None for info in infos] for kind, infos in node.all_processes.items()}
-print("STATE " + json.dumps({"results": results, "alive": alive, "session_dir": node.get_session_dir_path()}),
+print("STATE " + json.dumps({"results": results, "torch_loaded": torch_loaded, "alive": alive, "session_dir": node.get_session_dir_path()}),
       flush=True)
 """
 
@@ -68,6 +71,8 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
 
     state = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("STATE "))[6:])
     assert state["results"] == [1, 2]
+    # Workers import only what their trainer's backend needs: torch costs ~1-3 s of CPU per process.
+    assert state["torch_loaded"] == [False, True]
     # The daemons an embedded run never uses were not started (the dashboard head) or stopped (the monitor);
     # the ones it needs still run.
     assert "dashboard" not in state["alive"] and state["alive"]["monitor"] == [False]

@@ -6,12 +6,15 @@ import datetime
 import os
 from typing import Any
 
+from trainlib._internal.execution.embedded_ray import TORCH_MODULES
 from trainlib._internal.execution.spec import WorkerInfo
 from trainlib._internal.execution.worker import WorkerBackend
 from trainlib.torch.config import TorchConfig
 
 
 class TorchBackend(WorkerBackend):
+    preload_modules = TORCH_MODULES
+
     def __init__(self, config: TorchConfig, use_gpu: bool):
         self.config = config
         self.use_gpu = use_gpu

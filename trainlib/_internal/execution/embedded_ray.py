@@ -23,7 +23,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from trainlib._internal import tunables
@@ -31,10 +31,14 @@ from trainlib._internal.execution.ray_connect import probe_ray_address
 
 logger = logging.getLogger("trainlib")
 
-# Modules Ray's prestarted workers import before accepting work: the raylet starts one worker
-# per CPU as soon as the driver connects, so torch (~1-2 s a process) loads while the driver
+# Modules Ray's workers import as they start, before accepting work: the raylet starts one worker
+# per CPU as soon as the driver connects, so torch (~1-3 s of CPU a process) loads while the driver
 # prepares storage and the placement group, not after the actors are created on those workers.
-WORKER_PRELOAD_MODULES = ("torch", "torch.distributed", "trainlib._internal.execution.worker")
+# Every worker Ray starts later imports them too, so a trainer preloads only what its backend uses:
+# 32 workers of a torch-free trainer each importing torch cost ~1 min of CPU (bench_scaling.py).
+WORKER_MODULE = "trainlib._internal.execution.worker"
+TORCH_MODULES = ("torch", "torch.distributed")
+WORKER_PRELOAD_MODULES = (*TORCH_MODULES, WORKER_MODULE)  # a Ray that runs TorchTrainer's workers
 
 # Daemons of a local head node that an embedded trainlib run never uses (Ray's process-type names);
 # the dashboard head is here for a Ray whose start without_dashboard_head() could not change.
@@ -44,8 +48,11 @@ _started_here = False
 _last_fit_end = 0.0
 
 
-def ensure_ray() -> None:
-    """Connect to Ray: the cluster in RAY_ADDRESS if set (probed first), else start a lean embedded local one."""
+def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
+    """Connect to Ray: the cluster in RAY_ADDRESS if set (probed first), else start a lean embedded local one.
+
+    ``preload``: the modules the embedded Ray's workers import as they start (its first caller's choice).
+    """
     import ray
 
     global _started_here
@@ -60,7 +67,7 @@ def ensure_ray() -> None:
     # (/tmp/ray/ray_current_cluster), which may be someone else's.
     with without_dashboard_head():
         ray.init(address="local", include_dashboard=False, log_to_driver=True,
-                 _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)})
+                 _system_config={"preload_python_modules": list(preload)})
     _started_here = True
     stop_unused_daemons()
     # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).

@@ -13,7 +13,7 @@ import uuid
 from typing import Any, Callable
 
 from trainlib._internal.execution.controller import Controller
-from trainlib._internal.execution.embedded_ray import ensure_ray, note_fit_ended
+from trainlib._internal.execution.embedded_ray import WORKER_MODULE, ensure_ray, note_fit_ended
 from trainlib._internal.execution.monitor import ScalingPolicy
 from trainlib._internal.execution.placement import available_workers
 from trainlib._internal.execution.run import (
@@ -141,7 +141,7 @@ class DataParallelTrainer:
         )
         start_run(run, run_info, rc.callbacks)
         # Ray starts after the storage and tracking checks, which fail in seconds without it.
-        ensure_ray()
+        ensure_ray(preload=(*self.backend.preload_modules, WORKER_MODULE))
         if start_from:
             logger.info("Run %s resumes from %s", storage.name, start_from)
         train_fn_ref = ray.put(self._train_fn)  # once per run: every worker of every attempt reads this copy

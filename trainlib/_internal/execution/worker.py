@@ -23,7 +23,13 @@ from trainlib._internal.execution.train_fn import TrainFunction, extend_sys_path
 
 
 class WorkerBackend:
-    """What a framework does around the user's function in each worker (see trainlib.torch)."""
+    """What a framework does around the user's function in each worker (see trainlib.torch).
+
+    ``preload_modules``: what its workers import anyway, which an embedded Ray's workers import as they
+    start (before the actors exist); a backend without a framework preloads nothing.
+    """
+
+    preload_modules: tuple[str, ...] = ()
 
     def on_actor_start(self, num_cpus: float) -> None:
         """Warm up in the new actor process (imports, thread counts)."""
