@@ -1,5 +1,6 @@
 """The embedded Ray that fit() starts: lean (no dashboard head, no autoscaler monitor, no torch in the
-workers of a trainer that does not use it), usable for several fits, workers' output reaches the driver, and nothing of it outlives the driver's process.
+workers of a trainer that does not use it), usable for several fits, workers' output reaches the
+driver, and nothing of it outlives the driver's process.
 
 Runs a fresh Python process (no Ray initialised, no RAY_ADDRESS), as a user's script does.
 """
@@ -38,8 +39,8 @@ for fit, trainer_class in ((1, trainlib.DataParallelTrainer), (2, TorchTrainer))
     torch_loaded.append(result.metrics["torch_loaded"])
 node = ray._private.worker._global_node
 alive = {kind: [info.process.poll() is None for info in infos] for kind, infos in node.all_processes.items()}
-print("STATE " + json.dumps({"results": results, "torch_loaded": torch_loaded, "alive": alive, "session_dir": node.get_session_dir_path()}),
-      flush=True)
+state = {"results": results, "torch_loaded": torch_loaded, "alive": alive, "session_dir": node.get_session_dir_path()}
+print("STATE " + json.dumps(state), flush=True)
 """
 
 
