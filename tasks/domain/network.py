@@ -21,15 +21,11 @@ MODEL_FILE = "model.pt"  # the state dict in every checkpoint the training loop 
 NUM_CLASSES = 10
 
 
-def build_model(zero_init_residual: bool = False) -> torch.nn.Module:
-    """ResNet18 for 10 classes with ``conv1`` taking one (grayscale) channel, as in the tutorial.
-
-    ``zero_init_residual``: each residual block's last BatchNorm starts at zero (an initialisation
-    only; the architecture and the saved weights' layout are the same).
-    """
+def build_model() -> torch.nn.Module:
+    """ResNet18 for 10 classes with ``conv1`` taking one (grayscale) channel, as in the tutorial."""
     from torchvision.models import resnet18
 
-    model = resnet18(num_classes=NUM_CLASSES, zero_init_residual=zero_init_residual)
+    model = resnet18(num_classes=NUM_CLASSES)
     model.conv1 = torch.nn.Conv2d(1, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
     return model
 

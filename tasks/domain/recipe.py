@@ -49,10 +49,6 @@ class Recipe:
         crop_padding: pixels of padding for random crops (0: no crops).
         flip: random horizontal flips.
         warmup_fraction: part of the training spent warming up (one-cycle only).
-        decay_biases_and_norms: apply ``weight_decay`` to biases and normalisation weights too (False:
-            only to conv/linear weights, the usual choice; the decay there only slows fitting).
-        zero_init_residual: start each residual block's last BatchNorm at zero, so every block begins
-            as the identity (Goyal et al.): training starts as a shallower network and fits sooner.
     """
 
     name: RecipeName
@@ -65,8 +61,6 @@ class Recipe:
     crop_padding: int = 0
     flip: bool = False
     warmup_fraction: float = 0.15
-    decay_biases_and_norms: bool = True
-    zero_init_residual: bool = False
 
     def record(self) -> dict[str, Any]:
         """The recipe as plain values, for MLflow tags and descriptions."""
@@ -76,8 +70,7 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     "tutorial": Recipe(name="tutorial", optimizer="adam", lr=1e-3),
     "augmented": Recipe(name="augmented", optimizer="sgd", lr=0.1, schedule="onecycle", weight_decay=5e-4,
-                        label_smoothing=0.1, crop_padding=2, flip=True, decay_biases_and_norms=False,
-                        zero_init_residual=True),
+                        label_smoothing=0.1, crop_padding=2, flip=True),
 }
 
 
@@ -97,17 +90,9 @@ def get_recipe(name: str, lr: float | None = None) -> Recipe:
 
 
 def make_optimizer(recipe: Recipe, parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The recipe's optimizer; without ``decay_biases_and_norms`` the 0-d and 1-d parameters (biases,
-    BatchNorm weights) form a second group with no weight decay."""
-    parameters = list(parameters)
-    groups: list[dict[str, Any]] = [{"params": parameters}]
-    if not recipe.decay_biases_and_norms and recipe.weight_decay:
-        groups = [{"params": [p for p in parameters if p.ndim > 1]},
-                  {"params": [p for p in parameters if p.ndim <= 1], "weight_decay": 0.0}]
-        groups = [group for group in groups if group["params"]]
     if recipe.optimizer == "adam":
-        return torch.optim.Adam(groups, lr=recipe.lr, weight_decay=recipe.weight_decay)
-    return torch.optim.SGD(groups, lr=recipe.lr, momentum=recipe.momentum, nesterov=recipe.momentum > 0,
+        return torch.optim.Adam(parameters, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    return torch.optim.SGD(parameters, lr=recipe.lr, momentum=recipe.momentum, nesterov=recipe.momentum > 0,
                            weight_decay=recipe.weight_decay)
 
 
