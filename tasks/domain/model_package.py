@@ -219,8 +219,7 @@ def save_model(network: torch.nn.Module, card: ModelCard, path: str, mlflow_mode
     # The pytorch flavor: the whole module, as mlflow.pytorch.save_model writes it. Its classes are the model
     # file's, pickled under that file's own name and shipped in the flavor's code folder, which
     # mlflow.pytorch.load_model puts on sys.path: a process without this repository (or torchvision) unpickles it.
-    portable = _model_file().build_network(len(card.names()))
-    portable.load_state_dict(network.state_dict())
+    portable = _model_file().network_with_weights(network.state_dict(), len(card.names()))
     data, code = os.path.join(path, "data"), os.path.join(path, PYTORCH_CODE_DIR)
     os.makedirs(data, exist_ok=True)
     os.makedirs(code, exist_ok=True)
@@ -245,10 +244,11 @@ class RegisteredVersion:
 
 
 def log_and_register(network: torch.nn.Module, card: ModelCard, model_name: str, run_id: str | None,
-                     tracking_uri: str) -> RegisteredVersion:
+                     tracking_uri: str, tags: Mapping[str, str] | None = None) -> RegisteredVersion:
     """Log the packaged model into MLflow run ``run_id`` and register it as a new version of ``model_name``.
 
-    Sets the registered model's and the version's descriptions and the version's data set and recipe tags.
+    Sets the registered model's and the version's descriptions; the version is created with its data
+    set and recipe tags and ``tags`` (one registry call, not one per tag).
     """
     import mlflow
     from mlflow import MlflowClient
@@ -262,13 +262,14 @@ def log_and_register(network: torch.nn.Module, card: ModelCard, model_name: str,
     # experiment's artifact root, for a SQLite store without one ./mlruns in the working directory.
     experiment = {"MLFLOW_EXPERIMENT_ID": client.get_run(run_id).info.experiment_id} if run_id else {}
     with using_tracking_uri(tracking_uri), environment(experiment):
+        # No validate_serving_input: MLflow would load the model it has just written and predict the input
+        # example (~1 s of CPU), a check the tests make on every loader; a failure there is only a warning.
         info = mlflow.models.Model.log(
             artifact_path=None, name=MODEL_ARTIFACT_NAME, flavor=_ClassifierFlavor(network, card),
-            flavor_name="python_function", registered_model_name=model_name, run_id=run_id)
+            flavor_name="python_function", registered_model_name=model_name, run_id=run_id,
+            tags={**card.tags(), **(tags or {})}, validate_serving_input=False)
     version = str(info.registered_model_version)
     client.update_registered_model(model_name, description=registered_model_description(card.names()))
     client.update_model_version(model_name, version, description=card.version_description())
-    for key, value in card.tags().items():
-        client.set_model_version_tag(model_name, version, key, value)
     return RegisteredVersion(name=model_name, version=version, model_uri=f"models:/{model_name}/{version}",
                              run_id=run_id)

@@ -131,11 +131,6 @@ def compare_with_champion(checkpoint_uri: str, dataset: StagedDataset, cache_dir
     return Comparison(report=report, champion=champion, test_data_md5=test_split_md5(dataset))
 
 
-def _register_model(checkpoint_uri: str, card: ModelCard, model_name: str, run_id: str, tracking_uri: str) -> str:
-    """Package the checkpoint's network, log it to run ``run_id`` and register it; return the version."""
-    return log_and_register(checkpoint_network(checkpoint_uri), card, model_name, run_id, tracking_uri).version
-
-
 def register_and_promote(training: TrainingOutcome, comparison: Comparison, card: ModelCard, model_name: str,
                          tracking_uri: str, min_margin: float = DEFAULT_MIN_MARGIN,
                          extra_tags: dict[str, str] | None = None) -> Registration:
@@ -153,10 +148,8 @@ def register_and_promote(training: TrainingOutcome, comparison: Comparison, card
     card = dataclasses.replace(card, test_accuracy=report.accuracy)
     client = MlflowClient(tracking_uri=tracking_uri)
     version = find_version_of_run(client, model_name, training.mlflow_run_id)
-    if version is None:
-        version = _register_model(training.checkpoint_uri, card, model_name, training.mlflow_run_id, tracking_uri)
     current = champion_version(client, model_name)
-    if current == version:  # a retry after the aliases were set: this version is the champion already
+    if current is not None and current == version:  # a retry after the aliases were set: already the champion
         decision = decide_promotion(report.accuracy, champion.accuracy, champion.version, min_margin,
                                     champion.error)
     elif current != champion.version:
@@ -170,8 +163,12 @@ def register_and_promote(training: TrainingOutcome, comparison: Comparison, card
     tags = {ACCURACY_TAG: f"{report.accuracy:.6f}", "test_loss": f"{report.loss:.6f}",
             "test_images": str(report.num_images), "test_data_md5": comparison.test_data_md5,
             "checkpoint": training.checkpoint_uri, **decision.tags(), **(extra_tags or {})}
-    for key, value in tags.items():
-        client.set_model_version_tag(model_name, version, key, value)
+    if version is None:  # the version is created with its tags
+        version = log_and_register(checkpoint_network(training.checkpoint_uri), card, model_name,
+                                   training.mlflow_run_id, tracking_uri, tags=tags).version
+    else:  # a retry: the version exists, perhaps without (all of) its tags
+        for key, value in tags.items():
+            client.set_model_version_tag(model_name, version, key, value)
     client.set_registered_model_alias(model_name, CHALLENGER_ALIAS, version)
     if decision.promote:
         client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)

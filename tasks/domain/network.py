@@ -41,9 +41,10 @@ def load_model(checkpoint_dir: str, build: Callable[[], torch.nn.Module]) -> tor
     ``build`` makes the untrained network: :func:`build_model` (torchvision's) or the registered
     model's torch-only copy (``classifier_model.build_network``), which loads without importing torchvision.
     """
-    model = build()
     state = torch.load(os.path.join(checkpoint_dir, MODEL_FILE), map_location="cpu", weights_only=True)
-    model.load_state_dict(state)
+    with torch.device("meta"):  # no random initialisation that the weights replace at once
+        model = build()
+    model.load_state_dict(state, assign=True)
     return model.eval()
 
 
