@@ -46,7 +46,7 @@ def test_gpu_requested_without_cuda_says_what_to_do(monkeypatch):
 def test_nccl_binds_the_process_group_to_the_workers_gpu():
     device = torch.device("cuda", 1)
     args = process_group_args(TorchConfig(timeout_s=12), info(rank=1, gpu_index=1), device)
-    assert args == {"backend": "nccl", "init_method": "tcp://10.0.0.7:29501", "rank": 1, "world_size": 2,
+    assert args == {"backend": "nccl", "master_addr": "10.0.0.7", "master_port": 29501, "rank": 1, "world_size": 2,
                     "timeout": datetime.timedelta(seconds=12), "device_id": device}
 
 

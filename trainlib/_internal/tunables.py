@@ -16,6 +16,10 @@ MAX_PENDING_UPLOADS_PER_WORKER = 2
 # so a hung collective becomes a worker failure instead of a hang.
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 
+# Times all ranks form a gloo process group before giving up: gloo's full-mesh connect fails now and
+# then with all ranks alive ("Connection closed by peer", also in PyTorch's own CI), and a new try works.
+GLOO_CONNECT_ATTEMPTS = 3
+
 # How long the driver waits for worker actors to start (import torch, join the group).
 WORKER_START_TIMEOUT_S = 300.0
 

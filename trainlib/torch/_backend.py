@@ -9,6 +9,7 @@ from typing import Any
 from trainlib._internal.execution.embedded_ray import TORCH_MODULES
 from trainlib._internal.execution.spec import WorkerInfo
 from trainlib._internal.execution.worker import WorkerBackend
+from trainlib.torch._process_group import init_process_group
 from trainlib.torch.config import TorchConfig
 
 
@@ -27,11 +28,9 @@ class TorchBackend(WorkerBackend):
 
     def on_start(self, info: WorkerInfo) -> Any:
         """Pick this worker's device and join the process group; return the device (kept on the session)."""
-        import torch.distributed as dist
-
         device = select_device(self.use_gpu, info.gpu_index)
         if info.world_size > 1:
-            dist.init_process_group(**process_group_args(self.config, info, device))
+            init_process_group(**process_group_args(self.config, info, device))
         return device
 
     def on_shutdown(self) -> None:
@@ -42,10 +41,10 @@ class TorchBackend(WorkerBackend):
 
 
 def process_group_args(config: TorchConfig, info: WorkerInfo, device: Any) -> dict[str, Any]:
-    """The arguments of ``torch.distributed.init_process_group`` for this worker."""
+    """The arguments of :func:`trainlib.torch._process_group.init_process_group` for this worker."""
     backend = config.backend or ("nccl" if device.type == "cuda" else "gloo")
     args: dict[str, Any] = {
-        "backend": backend, "init_method": f"tcp://{info.master_addr}:{info.master_port}",
+        "backend": backend, "master_addr": info.master_addr, "master_port": info.master_port,
         "rank": info.world_rank, "world_size": info.world_size,
         "timeout": datetime.timedelta(seconds=config.timeout_s),
     }

@@ -1,0 +1,86 @@
+"""Forming the gloo process group: a transient full-mesh connect failure is retried by all ranks together.
+
+Two real processes form a real gloo group on 127.0.0.1; the failure is injected around
+``torch.distributed.init_process_group`` (the real connect failure cannot be provoked on demand).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+CHILD = textwrap.dedent("""
+    import datetime, json, sys
+    import torch, torch.distributed as dist
+    from trainlib.torch._process_group import init_process_group
+
+    rank, port, fail_on = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+    calls = []
+
+    def init(**kwargs):
+        calls.append(1)
+        mode = fail_on.get(f"{rank}:{len(calls)}")
+        if mode == "before":  # fails before connecting, as when its peer closed the connection
+            raise RuntimeError("Gloo connectFullMesh failed with [pair.cc:561] Connection closed by peer")
+        if mode == "other":
+            raise RuntimeError("some other gloo error")
+        dist.init_process_group(**kwargs)
+        if mode == "after":  # the group was formed here, but the rank reports a failure as a peer would
+            dist.destroy_process_group()
+            raise RuntimeError("Gloo connectFullMesh failed with [pair.h:301] Connect timeout")
+
+    try:
+        init_process_group("gloo", "127.0.0.1", port, rank, 2, datetime.timedelta(seconds=60), init=init,
+                           attempts=int(sys.argv[4]))
+    except RuntimeError as exc:
+        print("ERROR", str(exc).splitlines()[0], flush=True)
+        sys.exit(3)
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    print("SUM", t.item(), "CALLS", len(calls), flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _form(fail_on: dict[str, str], attempts: int = 3) -> list[tuple[int, str]]:
+    import json
+
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(rank), str(port), json.dumps(fail_on), str(attempts)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        outs.append((p.returncode, out))
+    return outs
+
+
+@pytest.mark.parametrize("fail_on", [
+    {"0:1": "before", "1:1": "before"},  # both ranks fail their first connect
+    {"0:1": "after"},                     # rank 1 joined, rank 0 failed: rank 1 leaves and both retry
+], ids=["both-fail", "one-fails"])
+def test_a_transient_connect_failure_is_retried_by_all_ranks(fail_on):
+    outs = _form(fail_on)
+    for code, out in outs:
+        assert code == 0, out
+        assert "SUM 3.0 CALLS 2" in out, out  # one all-reduce over both ranks, on the second try
+
+
+def test_other_errors_and_the_last_try_are_not_retried():
+    outs = _form({"0:1": "other", "1:1": "other"})
+    assert all(code == 3 and "ERROR some other gloo error" in out for code, out in outs), outs
+    outs = _form({"0:1": "before", "1:1": "before"}, attempts=1)
+    assert all(code == 3 and "connectFullMesh" in out for code, out in outs), outs
+    outs = _form({"0:1": "after", "0:2": "after"}, attempts=2)
+    assert outs[0][0] == 3 and "connectFullMesh" in outs[0][1], outs
+    assert outs[1][0] == 3 and "could not be formed in 2 tries: rank(s) [0]" in outs[1][1], outs
