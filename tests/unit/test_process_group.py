@@ -6,6 +6,7 @@ Two real processes form a real gloo group on 127.0.0.1; the failure is injected 
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -53,8 +54,6 @@ def _free_port() -> int:
 
 
 def _form(fail_on: dict[str, str], attempts: int = 3) -> list[tuple[int, str]]:
-    import json
-
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(rank), str(port), json.dumps(fail_on), str(attempts)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
@@ -84,3 +83,9 @@ def test_other_errors_and_the_last_try_are_not_retried():
     outs = _form({"0:1": "after", "0:2": "after"}, attempts=2)
     assert outs[0][0] == 3 and "connectFullMesh" in outs[0][1], outs
     assert outs[1][0] == 3 and "could not be formed in 2 tries: rank(s) [0]" in outs[1][1], outs
+
+
+def test_a_single_try_forms_the_group_without_a_verdict_round():
+    # The path nccl takes (one try): the group forms and works on the first call.
+    for code, out in _form({}, attempts=1):
+        assert code == 0 and "SUM 3.0 CALLS 1" in out, out

@@ -48,6 +48,8 @@ def init_process_group(backend: str, master_addr: str, master_port: int, rank: i
             if tries == 1 or _TRANSIENT_SIGN not in str(exc):
                 raise
             error = exc
+        if tries == 1:  # nothing to retry (nccl, or one try asked for): no verdict round over the store
+            return
         store.set(f"{prefix}/joined/{rank}", "0" if error else "1")
         verdicts = [f"{prefix}/joined/{r}" for r in range(world_size)]
         store.wait(verdicts, timeout)
