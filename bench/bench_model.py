@@ -48,12 +48,14 @@ def register(tracking_uri: str, mirror: str) -> str:
     from tasks.domain.classifier_model import build_network
     from tasks.domain.dataset_registry import get_dataset_spec
     from tasks.domain.model_package import DatasetIdentity, ModelCard, log_and_register
+    from tasks.domain.recipe import DEFAULT_RECIPE, get_recipe
 
+    architecture = get_recipe(DEFAULT_RECIPE).architecture  # the network the pipeline registers
     client = MlflowClient(tracking_uri=tracking_uri)
     run = client.create_run(client.create_experiment("bench-model"), run_name="bench")
     card = ModelCard(dataset=DatasetIdentity("fashion-mnist", get_dataset_spec("fashion-mnist").md5s, mirror),
-                     recipe={"name": "random-weights"})
-    version = log_and_register(build_network(), card, MODEL_NAME, run.info.run_id, tracking_uri)
+                     recipe={"name": "random-weights"}, architecture=architecture)
+    version = log_and_register(build_network(architecture=architecture), card, MODEL_NAME, run.info.run_id, tracking_uri)
     client.set_terminated(run.info.run_id)
     client.set_registered_model_alias(MODEL_NAME, "champion", version.version)
     return version.version

@@ -34,7 +34,7 @@ def train_and_test(recipe_name: str, images, labels, test_images, test_labels, e
 
     torch.manual_seed(seed)
     recipe = get_recipe(recipe_name)
-    model = build_model()
+    model = build_model(recipe.architecture)
     loader = DataLoader(TensorDataset(to_inputs(images), labels), batch_size=batch_size, shuffle=True)
     optimizer = make_optimizer(recipe, model.parameters())
     scheduler = make_scheduler(recipe, optimizer, len(loader), epochs)

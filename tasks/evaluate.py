@@ -29,8 +29,7 @@ def evaluate(training: TrainingOutcome, dataset: StagedDataset, cache_dir: str, 
     """Score the trained model and the current champion on the test split; record it in MLflow and Prefect."""
     logger = get_run_logger()
     use_assigned_cpus()
-    comparison = compare_with_champion(training.checkpoint_uri, dataset, cache_dir, test_limit, model_name,
-                                       tracking_uri)
+    comparison = compare_with_champion(training, dataset, cache_dir, test_limit, model_name, tracking_uri)
     report, champion = comparison.report, comparison.champion
     logger.info("Test accuracy %.2f%%, loss %.4f on %d images (checkpoint %s)", 100 * report.accuracy, report.loss,
                 report.num_images, training.checkpoint_uri)

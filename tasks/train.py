@@ -41,7 +41,7 @@ def train_model(dataset: StagedDataset, settings: TrainingSettings, tracking_uri
         emit_training_failed(settings.run_name, exc)
         raise
     run_id = find_run_id(tracking_uri, experiment_name, settings.run_name) if fit.reused else mlflow_logger.run_id
-    outcome = training_outcome(fit, run_id)
+    outcome = training_outcome(fit, run_id, settings.recipe.architecture)
     if run_id and not fit.reused:
         log_dataset_input(run_id, dataset_identity(dataset), tracking_uri)
     if run_id:

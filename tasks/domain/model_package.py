@@ -84,6 +84,7 @@ class ModelCard:
         class_names: label -> class name (default: the data set's).
         mean, std: the normalisation the network was trained with (0..1 scale).
         test_accuracy: the version's test accuracy when known at registration.
+        architecture: the network's (a key of ``classifier_model.ARCHITECTURES``).
     """
 
     dataset: DatasetIdentity
@@ -92,6 +93,7 @@ class ModelCard:
     mean: float = MEAN
     std: float = STD
     test_accuracy: float | None = None
+    architecture: str = ARCHITECTURE
 
     def names(self) -> tuple[str, ...]:
         """The class names, in label order: the card's, else the data set registry's."""
@@ -99,7 +101,7 @@ class ModelCard:
 
     def model_config(self) -> dict[str, Any]:
         """What ``classifier_model.ImageClassifier.load_context`` reads."""
-        return {"class_names": list(self.names()), "mean": self.mean, "std": self.std, "architecture": ARCHITECTURE}
+        return {"class_names": list(self.names()), "mean": self.mean, "std": self.std, "architecture": self.architecture}
 
     def metadata(self) -> dict[str, Any]:
         """The MLmodel ``metadata``: input/output contract, data set identity, recipe."""
@@ -124,7 +126,7 @@ class ModelCard:
     def version_description(self) -> str:
         accuracy = "" if self.test_accuracy is None else f" Test accuracy {self.test_accuracy:.2%}."
         recipe = ", ".join(f"{k}={v}" for k, v in sorted(self.recipe.items()))
-        return (f"ResNet18 trained on {self.dataset.name} (md5 {self.dataset.digest}, from {self.dataset.source}) "
+        return (f"ResNet18 ({self.architecture}) trained on {self.dataset.name} (md5 {self.dataset.digest}, from {self.dataset.source}) "
                 f"with recipe: {recipe or 'unknown'}.{accuracy}\n\n{contract_text(self.names())}")
 
 
@@ -209,6 +211,15 @@ def save_model(network: torch.nn.Module, card: ModelCard, path: str, mlflow_mode
 
     network = network.module if hasattr(network, "module") else network  # unwrap DDP
     network = network.cpu().eval()
+    # The pytorch flavor's module: the model file's classes holding these weights (see below). Built first,
+    # so weights that do not fit the card's architecture fail before anything is written.
+    try:
+        portable = _model_file().network_with_weights(network.state_dict(), len(card.names()), card.architecture)
+    except RuntimeError as exc:
+        raise ValueError(
+            f"The network's weights do not fit ModelCard.architecture={card.architecture!r} "
+            f"({str(exc).splitlines()[0]}). Pass ModelCard(architecture=...) naming the network that was "
+            "trained (the recipe's architecture).") from None
     with tempfile.TemporaryDirectory() as scratch:
         weights = os.path.join(scratch, "weights.pt")
         torch.save(network.state_dict(), weights)
@@ -219,7 +230,6 @@ def save_model(network: torch.nn.Module, card: ModelCard, path: str, mlflow_mode
     # The pytorch flavor: the whole module, as mlflow.pytorch.save_model writes it. Its classes are the model
     # file's, pickled under that file's own name and shipped in the flavor's code folder, which
     # mlflow.pytorch.load_model puts on sys.path: a process without this repository (or torchvision) unpickles it.
-    portable = _model_file().network_with_weights(network.state_dict(), len(card.names()))
     data, code = os.path.join(path, "data"), os.path.join(path, PYTORCH_CODE_DIR)
     os.makedirs(data, exist_ok=True)
     os.makedirs(code, exist_ok=True)

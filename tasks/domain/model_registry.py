@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -114,18 +115,18 @@ def test_split_md5(dataset: StagedDataset) -> str:
     return ",".join(md5 for name, md5 in sorted(dataset.md5s.items()) if name.startswith("t10k-"))
 
 
-def checkpoint_network(checkpoint_uri: str) -> torch.nn.Module:
+def checkpoint_network(checkpoint_uri: str, architecture: str) -> torch.nn.Module:
     """The trained network in ``checkpoint_uri``, as the registered model's own class (no torchvision import)."""
     with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
-        return load_model(folder, build=build_network)
+        return load_model(folder, build=functools.partial(build_network, architecture=architecture))
 
 
-def compare_with_champion(checkpoint_uri: str, dataset: StagedDataset, cache_dir: str, test_limit: int | None,
+def compare_with_champion(training: TrainingOutcome, dataset: StagedDataset, cache_dir: str, test_limit: int | None,
                           model_name: str, tracking_uri: str) -> Comparison:
     """Score the trained checkpoint and the current champion on the same test images (the evaluate step)."""
     files = fetch_staged(dataset, cache_dir)
     images, labels = load_fashion_mnist_split(files.folder, train=False, limit=test_limit)
-    network = checkpoint_network(checkpoint_uri)
+    network = checkpoint_network(training.checkpoint_uri, training.architecture)
     report = evaluate_model(network, images, labels, get_dataset_spec(dataset.name).class_names)
     champion = score_champion(model_name, tracking_uri, images, labels)
     return Comparison(report=report, champion=champion, test_data_md5=test_split_md5(dataset))
@@ -145,7 +146,7 @@ def register_and_promote(training: TrainingOutcome, comparison: Comparison, card
         raise ValueError("The training step has no MLflow run id, so there is no run to register the model from. "
                          "Check the MLflow tracking URI of the pipeline.")
     report, champion = comparison.report, comparison.champion
-    card = dataclasses.replace(card, test_accuracy=report.accuracy)
+    card = dataclasses.replace(card, test_accuracy=report.accuracy, architecture=training.architecture)
     client = MlflowClient(tracking_uri=tracking_uri)
     version = find_version_of_run(client, model_name, training.mlflow_run_id)
     current = champion_version(client, model_name)
@@ -164,7 +165,7 @@ def register_and_promote(training: TrainingOutcome, comparison: Comparison, card
             "test_images": str(report.num_images), "test_data_md5": comparison.test_data_md5,
             "checkpoint": training.checkpoint_uri, **decision.tags(), **(extra_tags or {})}
     if version is None:  # the version is created with its tags
-        version = log_and_register(checkpoint_network(training.checkpoint_uri), card, model_name,
+        version = log_and_register(checkpoint_network(training.checkpoint_uri, training.architecture), card, model_name,
                                    training.mlflow_run_id, tracking_uri, tags=tags).version
     else:  # a retry: the version exists, perhaps without (all of) its tags
         for key, value in tags.items():

@@ -21,8 +21,23 @@ MODEL_FILE = "model.pt"  # the state dict in every checkpoint the training loop 
 NUM_CLASSES = 10
 
 
-def build_model() -> torch.nn.Module:
-    """ResNet18 for 10 classes with ``conv1`` taking one (grayscale) channel, as in the tutorial."""
+# The tutorial's network (torchvision's resnet18, 1-channel conv1); the registered model's file names the same
+# (classifier_model.ARCHITECTURE; a test checks they agree). Not imported from there: that file imports mlflow.
+TUTORIAL_ARCHITECTURE = "resnet18-1ch"
+
+
+def build_model(architecture: str = TUTORIAL_ARCHITECTURE) -> torch.nn.Module:
+    """The untrained network for 10 classes with a one-channel (grayscale) ``conv1``.
+
+    ``resnet18-1ch``: the tutorial's, torchvision's ``resnet18`` (7x7 stride-2 ``conv1``, then max-pooling:
+    the first block sees 7x7). Any other architecture (``resnet18-1ch-small``: 3x3 stride-1 ``conv1``, half
+    the widths) is the registered model file's own class, which defines them
+    (``classifier_model.ARCHITECTURES``).
+    """
+    if architecture != TUTORIAL_ARCHITECTURE:
+        from tasks.domain.classifier_model import build_network
+
+        return build_network(NUM_CLASSES, architecture)
     from torchvision.models import resnet18
 
     model = resnet18(num_classes=NUM_CLASSES)

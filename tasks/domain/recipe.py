@@ -27,6 +27,8 @@ from typing import Any, Iterable, Literal
 
 import torch
 
+from tasks.domain.network import TUTORIAL_ARCHITECTURE
+
 RecipeName = Literal["augmented", "tutorial"]
 # The recipe measured ahead at the length the weekly retraining runs (10 epochs, full data: 91.87% vs
 # 90.21%); in runs of a few hundred steps the tutorial's is ahead (bench/results/recipe*.md, docs/model.md).
@@ -49,6 +51,8 @@ class Recipe:
         crop_padding: pixels of padding for random crops (0: no crops).
         flip: random horizontal flips.
         warmup_fraction: part of the training spent warming up (one-cycle only).
+        architecture: the network trained: the tutorial's ``resnet18-1ch`` or ``resnet18-1ch-small``
+            (a 3x3 stride-1 ``conv1`` for 28x28 images, half the widths; ``classifier_model.ARCHITECTURES``).
     """
 
     name: RecipeName
@@ -61,6 +65,7 @@ class Recipe:
     crop_padding: int = 0
     flip: bool = False
     warmup_fraction: float = 0.15
+    architecture: str = TUTORIAL_ARCHITECTURE
 
     def record(self) -> dict[str, Any]:
         """The recipe as plain values, for MLflow tags and descriptions."""
@@ -70,7 +75,7 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     "tutorial": Recipe(name="tutorial", optimizer="adam", lr=1e-3),
     "augmented": Recipe(name="augmented", optimizer="sgd", lr=0.1, schedule="onecycle", weight_decay=5e-4,
-                        label_smoothing=0.1, crop_padding=2, flip=True),
+                        label_smoothing=0.1, crop_padding=2, flip=True, architecture="resnet18-1ch-small"),
 }
 
 

@@ -74,7 +74,7 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
 
     # Model, loss, optimizer (the recipe's).
     recipe = Recipe(**config["recipe"])
-    model = prepare_model(build_model())
+    model = prepare_model(build_model(recipe.architecture))
     criterion = CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
     val_criterion = CrossEntropyLoss()  # validation loss stays comparable across recipes
     optimizer = make_optimizer(recipe, model.parameters())

@@ -8,7 +8,7 @@ latest committed checkpoint (``if_exists="resume"``).
 Example::
 
     fit = run_training(settings, staged, callbacks=[])
-    outcome = training_outcome(fit, mlflow_run_id=None)
+    outcome = training_outcome(fit, mlflow_run_id=None, architecture=settings.recipe.architecture)
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import trainlib
+from tasks.domain.network import TUTORIAL_ARCHITECTURE
 from tasks.domain.progress import ProgressSink
 from tasks.domain.recipe import Recipe
 from tasks.domain.staging import StagedDataset
@@ -81,6 +82,7 @@ class TrainingOutcome:
         history: every report's metrics (:data:`HISTORY_KEYS`), in order.
         mlflow_run_id: the MLflow run that tracked training.
         seconds: wall time of ``fit()``.
+        architecture: the network the checkpoint holds (the recipe's).
     """
 
     run_path: str
@@ -89,6 +91,7 @@ class TrainingOutcome:
     history: list[dict[str, Any]]
     mlflow_run_id: str | None
     seconds: float
+    architecture: str = TUTORIAL_ARCHITECTURE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,11 +165,11 @@ def chosen_checkpoint(result: trainlib.Result) -> trainlib.Checkpoint:
     return result.checkpoint
 
 
-def training_outcome(fit: FitResult, mlflow_run_id: str | None) -> TrainingOutcome:
+def training_outcome(fit: FitResult, mlflow_run_id: str | None, architecture: str) -> TrainingOutcome:
     """The :class:`TrainingOutcome` of a finished ``fit()``: the checkpoint to evaluate and the metrics history."""
     result, seconds = fit.result, fit.seconds
     checkpoint = chosen_checkpoint(result)
     history = [] if result.metrics_dataframe is None else [
         {k: v for k, v in row.items() if k in HISTORY_KEYS} for row in result.metrics_dataframe.to_dict("records")]
     return TrainingOutcome(run_path=result.path, checkpoint_uri=checkpoint.uri, metrics=dict(result.metrics or {}),
-                           history=history, mlflow_run_id=mlflow_run_id, seconds=seconds)
+                           history=history, mlflow_run_id=mlflow_run_id, seconds=seconds, architecture=architecture)

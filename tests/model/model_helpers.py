@@ -12,6 +12,15 @@ from conftest import FASHION_MNIST_MIRROR
 
 # The repo's sibling shared/ folder; a git worktree elsewhere names it with TRAINLIB_TEST_FASHION_MNIST.
 FASHION_MNIST_DIR = os.environ.get("TRAINLIB_TEST_FASHION_MNIST") or FASHION_MNIST_MIRROR
+
+
+def default_architecture() -> str:
+    """The network the pipeline trains and registers by default (its default recipe's)."""
+    from tasks.domain.recipe import DEFAULT_RECIPE, get_recipe
+
+    return get_recipe(DEFAULT_RECIPE).architecture
+
+
 needs_data = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR),
                                 reason=f"the FashionMNIST mirror {FASHION_MNIST_DIR} is missing")
 
@@ -25,8 +34,9 @@ def real_images(train: bool, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
     return load_fashion_mnist_split(FASHION_MNIST_DIR, train=train, limit=limit)
 
 
-def tiny_trained_network(steps: int = 8, batch_size: int = 64, seed: int = 0) -> torch.nn.Module:
-    """The classifier's ResNet18 after a few SGD steps on real training images (seconds, not minutes).
+def tiny_trained_network(steps: int = 8, batch_size: int = 64, seed: int = 0,
+                         architecture: str | None = None) -> torch.nn.Module:
+    """The classifier's network (default: the default recipe's) after a few steps on real images (seconds).
 
     Trained just enough that its labels differ between images, so label comparisons mean something.
     """
@@ -35,7 +45,7 @@ def tiny_trained_network(steps: int = 8, batch_size: int = 64, seed: int = 0) ->
 
     torch.manual_seed(seed)
     images, labels = real_images(True, steps * batch_size)
-    network = build_network()
+    network = build_network(architecture=architecture or default_architecture())
     optimizer = torch.optim.Adam(network.parameters(), lr=2e-3)
     network.train()
     for start in range(0, steps * batch_size, batch_size):
@@ -55,7 +65,7 @@ def dataset_identity():
 
 
 def register_network(network: torch.nn.Module, tracking_uri: str, model_name: str, recipe: str = "tiny-test",
-                     champion: bool = True, test_accuracy: float | None = None):
+                     champion: bool = True, test_accuracy: float | None = None, architecture: str | None = None):
     """Register ``network`` from a fresh MLflow run as a new version of ``model_name`` (maybe as champion)."""
     from mlflow import MlflowClient
 
@@ -65,7 +75,8 @@ def register_network(network: torch.nn.Module, tracking_uri: str, model_name: st
     experiment = client.get_experiment_by_name("model-tests")
     experiment_id = experiment.experiment_id if experiment else client.create_experiment("model-tests")
     run = client.create_run(experiment_id, run_name=recipe)
-    card = ModelCard(dataset=dataset_identity(), recipe={"name": recipe}, test_accuracy=test_accuracy)
+    card = ModelCard(dataset=dataset_identity(), recipe={"name": recipe}, test_accuracy=test_accuracy,
+                     architecture=architecture or default_architecture())
     version = log_and_register(network, card, model_name, run.info.run_id, tracking_uri)
     client.set_terminated(run.info.run_id)
     if champion:

@@ -47,6 +47,39 @@ def test_model_file_network_and_normalisation_match_the_training_code():
         assert torch.allclose(ours.eval()(to_inputs(images)), theirs.eval()(to_inputs(images)), atol=1e-5)
 
 
+def test_the_small_image_network_keeps_14x14_into_the_first_block_at_a_quarter_of_the_weights():
+    from tasks.domain import classifier_model
+    from tasks.domain.network import TUTORIAL_ARCHITECTURE, build_model
+    from tasks.domain.recipe import get_recipe
+
+    assert TUTORIAL_ARCHITECTURE == classifier_model.ARCHITECTURE  # the two names of the tutorial's network
+    assert get_recipe("tutorial").architecture == "resnet18-1ch"
+    assert get_recipe("augmented").architecture == "resnet18-1ch-small"
+    small, tutorial = build_model("resnet18-1ch-small"), build_model("resnet18-1ch")
+    assert isinstance(small, classifier_model.ResNet18)  # training builds the registered file's own class
+    seen = {}
+    for name, network in (("small", small), ("tutorial", tutorial)):
+        network.layer1.register_forward_pre_hook(lambda _m, inputs, name=name: seen.update({name: inputs[0].shape}))
+        assert network(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    assert seen == {"small": (2, 32, 14, 14), "tutorial": (2, 64, 7, 7)}
+    count = lambda network: sum(p.numel() for p in network.parameters())  # noqa: E731
+    assert 2.7e6 < count(small) < 2.9e6 and 11.1e6 < count(tutorial) < 11.3e6
+    with pytest.raises(ValueError, match="'resnet18-1ch', 'resnet18-1ch-small'"):
+        build_model("resnet50")
+
+
+def test_registering_weights_of_another_architecture_fails_before_writing(tmp_path):
+    from model_helpers import dataset_identity
+
+    from tasks.domain.classifier_model import build_network
+    from tasks.domain.model_package import ModelCard, save_model
+
+    card = ModelCard(dataset=dataset_identity(), architecture="resnet18-1ch")
+    with pytest.raises(ValueError, match=r"ModelCard.architecture='resnet18-1ch'.*Pass ModelCard\(architecture"):
+        save_model(build_network(architecture="resnet18-1ch-small"), card, str(tmp_path / "model"))
+    assert not (tmp_path / "model").exists()
+
+
 @pytest.mark.parametrize("form", ["uint8", "float", "784", "1x28x28", "list", "frame784", "frame_column"])
 def test_every_input_form_becomes_the_same_pixels(form):
     from tasks.domain.classifier_model import as_image_batch

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from model_helpers import dataset_identity, needs_data, real_images, tiny_trained_network
+from model_helpers import default_architecture, dataset_identity, needs_data, real_images, tiny_trained_network
 
 pytestmark = [pytest.mark.integration, needs_data]
 
@@ -37,7 +37,7 @@ def _challenger(registry, network: torch.nn.Module, name: str):
         client.create_experiment("promotion", artifact_location=str(registry["root"] / "artifacts")))
     run = client.create_run(experiment.experiment_id, run_name=name)
     return TrainingOutcome(run_path=str(registry["root"]), checkpoint_uri=str(folder), metrics={}, history=[],
-                           mlflow_run_id=run.info.run_id, seconds=0.0)
+                           mlflow_run_id=run.info.run_id, seconds=0.0, architecture=default_architecture())
 
 
 def _evaluate_and_register(registry, network, name: str, min_margin: float):
@@ -66,7 +66,7 @@ def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry
     torch.manual_seed(0)
     from tasks.domain.classifier_model import build_network
 
-    weak = build_network().eval()
+    weak = build_network(architecture=default_architecture()).eval()
     strong = tiny_trained_network(steps=12)
 
     # No champion yet: the first version takes it.
