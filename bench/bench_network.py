@@ -1,0 +1,98 @@
+"""What each network costs on this CPU: a training step, scoring the 10,000 test images, a 64-image call.
+
+    python bench/bench_network.py [--repeats 5]
+
+One process, no Ray: the architectures of ``classifier_model.ARCHITECTURES`` (the tutorial's
+``resnet18-1ch`` and the default recipe's ``resnet18-1ch-small``), random weights, generated
+images. A training step is one worker's share of the pipeline's step (batch 128, one thread, SGD
+with the augmented recipe's settings: forward, backward, update); scoring runs the registered
+model's own path (``predict_probabilities``: batches of 256, channels-last) on two threads, as the
+evaluate step does. Medians of ``--repeats`` after one warm-up. Writes bench/results/network.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+
+def measure(architecture: str, repeats: int) -> dict:
+    import torch
+
+    from tasks.domain.classifier_model import build_network, predict_probabilities
+    from tasks.domain.network import MEAN, STD, build_model
+    from tasks.domain.recipe import get_recipe, make_optimizer
+
+    torch.manual_seed(0)
+    model = build_model(architecture)  # what training builds
+    optimizer = make_optimizer(get_recipe("augmented"), model.parameters())
+    x, y = torch.randn(128, 1, 28, 28), torch.randint(0, 10, (128,))
+    torch.set_num_threads(1)
+    steps = []
+    for i in range(repeats + 1):
+        started = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if i:
+            steps.append(time.perf_counter() - started)
+
+    torch.set_num_threads(2)
+    network = build_network(architecture=architecture).eval()  # what the registered model loads
+    images = torch.randint(0, 256, (10_000, 28, 28), dtype=torch.uint8)
+    predict_probabilities(network, images[:256], MEAN, STD)
+    scoring = []
+    for _ in range(max(2, repeats // 2)):
+        started = time.perf_counter()
+        predict_probabilities(network, images, MEAN, STD)
+        scoring.append(time.perf_counter() - started)
+    calls = []
+    for _ in range(repeats * 4):
+        started = time.perf_counter()
+        predict_probabilities(network, images[:64], MEAN, STD)
+        calls.append(time.perf_counter() - started)
+    return {"architecture": architecture, "parameters": sum(p.numel() for p in network.parameters()),
+            "train_step_s": statistics.median(steps), "score_10k_s": statistics.median(scoring),
+            "call_64_p50_ms": 1000 * statistics.median(calls)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"))
+    args = parser.parse_args()
+
+    import torch
+
+    from tasks.domain.classifier_model import ARCHITECTURES
+
+    load_before = os.getloadavg()
+    runs = [measure(name, args.repeats) for name in ARCHITECTURES]
+    result = {"machine": {"cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+                          "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
+              "repeats": args.repeats, "runs": runs}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "network.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    lines = ["| architecture | weights | training step (batch 128, 1 thread) | 10,000 test images (2 threads) | "
+             "64-image call p50 (2 threads) |", "|---|---|---|---|---|"]
+    lines += [f"| `{r['architecture']}` | {r['parameters'] / 1e6:.1f}M | {r['train_step_s']:.3f} s | "
+              f"{r['score_10k_s']:.2f} s | {r['call_64_p50_ms']:.0f} ms |" for r in runs]
+    lines += ["", f"Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f}; "
+              f"{os.cpu_count()} cores; medians of {args.repeats}."]
+    with open(os.path.join(args.out, "network.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
