@@ -117,6 +117,7 @@ class TreeSampler(threading.Thread):
         self.history: list[tuple[float, dict[int, float]]] = []
         self.peak_bytes = 0
         self.peak_processes = 0
+        self.peak_by_process: dict[str, int] = {}  # label (pid) -> RSS at the tree's peak: where the memory is
         self.samples = 0
         self._halt = threading.Event()
 
@@ -136,11 +137,13 @@ class TreeSampler(threading.Thread):
 
     def sample(self) -> None:
         self._discover()
-        total, alive = 0, 0
+        total, alive, by_process = 0, 0, {}
         for pid, proc in list(self.known.items()):
             try:
                 with proc.oneshot():
-                    total += proc.memory_info().rss
+                    rss = proc.memory_info().rss
+                    total += rss
+                    by_process[pid] = rss
                     times = proc.cpu_times()
                     self.cpu_s[pid] = times.user + times.system
                 alive += 1
@@ -154,6 +157,7 @@ class TreeSampler(threading.Thread):
         self.samples += 1
         if total > self.peak_bytes:
             self.peak_bytes, self.peak_processes = total, alive
+            self.peak_by_process = {f"{self.labels.get(pid, '?')} ({pid})": rss for pid, rss in by_process.items()}
 
     def cpu_by_label(self) -> dict[str, float]:
         """CPU seconds (user + system) each kind of process used, as last sampled."""
@@ -289,6 +293,7 @@ def run_once(variant: str, args: argparse.Namespace, data_root: str, workdir: st
     record: dict[str, Any] = {
         "variant": variant, "index": index, "returncode": rc, "start": t0, "wall_s": t_exit - t0,
         "peak_rss_bytes": sampler.peak_bytes, "processes_at_peak": sampler.peak_processes,
+        "rss_at_peak_by_process": dict(sorted(sampler.peak_by_process.items(), key=lambda kv: -kv[1])),
         "processes_seen": len(sampler.known), "memory_samples": sampler.samples,
         "leftover_processes": [sampler.names.get(p.pid, str(p.pid)) for p in leftovers],
         "cpu_s_by_process": sampler.cpu_by_label(),
