@@ -55,7 +55,8 @@ def register(tracking_uri: str, mirror: str) -> str:
     run = client.create_run(client.create_experiment("bench-model"), run_name="bench")
     card = ModelCard(dataset=DatasetIdentity("fashion-mnist", get_dataset_spec("fashion-mnist").md5s, mirror),
                      recipe={"name": "random-weights"}, architecture=architecture)
-    version = log_and_register(build_network(architecture=architecture), card, MODEL_NAME, run.info.run_id, tracking_uri)
+    version = log_and_register(build_network(architecture=architecture), card, MODEL_NAME, run.info.run_id,
+                               tracking_uri)
     client.set_terminated(run.info.run_id)
     client.set_registered_model_alias(MODEL_NAME, "champion", version.version)
     return version.version

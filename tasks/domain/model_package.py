@@ -101,7 +101,8 @@ class ModelCard:
 
     def model_config(self) -> dict[str, Any]:
         """What ``classifier_model.ImageClassifier.load_context`` reads."""
-        return {"class_names": list(self.names()), "mean": self.mean, "std": self.std, "architecture": self.architecture}
+        return {"class_names": list(self.names()), "mean": self.mean, "std": self.std,
+                "architecture": self.architecture}
 
     def metadata(self) -> dict[str, Any]:
         """The MLmodel ``metadata``: input/output contract, data set identity, recipe."""
@@ -126,8 +127,8 @@ class ModelCard:
     def version_description(self) -> str:
         accuracy = "" if self.test_accuracy is None else f" Test accuracy {self.test_accuracy:.2%}."
         recipe = ", ".join(f"{k}={v}" for k, v in sorted(self.recipe.items()))
-        return (f"ResNet18 ({self.architecture}) trained on {self.dataset.name} (md5 {self.dataset.digest}, from {self.dataset.source}) "
-                f"with recipe: {recipe or 'unknown'}.{accuracy}\n\n{contract_text(self.names())}")
+        return (f"ResNet18 ({self.architecture}) trained on {self.dataset.name} (md5 {self.dataset.digest}, "
+                f"from {self.dataset.source}) with recipe: {recipe or 'unknown'}.{accuracy}\n\n{contract_text(self.names())}")
 
 
 def contract_text(class_names: tuple[str, ...]) -> str:

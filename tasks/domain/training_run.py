@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 import trainlib
-from tasks.domain.network import TUTORIAL_ARCHITECTURE
 from tasks.domain.progress import ProgressSink
 from tasks.domain.recipe import Recipe
 from tasks.domain.staging import StagedDataset
@@ -91,7 +90,7 @@ class TrainingOutcome:
     history: list[dict[str, Any]]
     mlflow_run_id: str | None
     seconds: float
-    architecture: str = TUTORIAL_ARCHITECTURE
+    architecture: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,9 +35,10 @@ def test_progress_reaches_the_board_and_a_finished_run_is_not_trained_again(ray_
     from tasks.domain.training_run import run_training, training_outcome
 
     board = ProgressBoard.remote()
-    fit = run_training(_settings(tmp_path), staged, [], BoardSink(board))
+    settings = _settings(tmp_path)
+    fit = run_training(settings, staged, [], BoardSink(board))
     assert not fit.reused and fit.result.error is None
-    outcome = training_outcome(fit, None, 'resnet18-1ch')
+    outcome = training_outcome(fit, None, settings.recipe.architecture)
     assert [row["epoch"] for row in outcome.history] == [0, 1]
     last = ray_session.get(board.latest.remote())
     assert isinstance(last, EpochProgress)
@@ -45,6 +46,6 @@ def test_progress_reaches_the_board_and_a_finished_run_is_not_trained_again(ray_
 
     again = run_training(_settings(tmp_path), staged, [], None)  # a retried flow run, after training finished
     assert again.reused and again.seconds == 0
-    assert training_outcome(again, None, 'resnet18-1ch').checkpoint_uri == outcome.checkpoint_uri
+    assert training_outcome(again, None, settings.recipe.architecture).checkpoint_uri == outcome.checkpoint_uri
     assert len(again.result.metrics_dataframe) == 2  # nothing trained twice
     ray_session.kill(board)
