@@ -28,8 +28,13 @@ def node_ips_of_all_ranks() -> list[str]:
     return [str(ipaddress.ip_address(int(t.item()))) for t in everyone]
 
 
+HOLD_S = 120.0  # longer than any node loss takes to be noticed, shorter than the tests' timeouts
+
+
 def spread_train_func(config):
-    """Config: steps, sleep_s. Each step all-reduces, reports and checkpoints (rank 0's state); resumable.
+    """Config: steps, sleep_s, hold_at_step. Each step all-reduces, reports and checkpoints (rank 0's state);
+    resumable. With ``hold_at_step``, the first attempt's ranks wait after reporting that step (up to
+    HOLD_S) for the test to end the attempt, so a slow driver cannot see the attempt finish first.
 
     The checkpoint's state.json also lists every rank's node IP, in rank order.
     """
@@ -60,6 +65,8 @@ def spread_train_func(config):
                 trainlib.report(metrics, checkpoint=trainlib.Checkpoint.from_directory(folder))
             else:
                 trainlib.report(metrics)
+        if step == config.get("hold_at_step") and ctx.get_attempt() == 0:
+            time.sleep(HOLD_S)
 
 
 def expected_total(steps: int, world_size: int) -> float:

@@ -285,7 +285,7 @@ class StopNodeOfRankAfter(trainlib.Callback):
 
 def _spread_trainer(name: str, stopper: StopNodeOfRankAfter, steps: int, placement_timeout_s: float = 60.0):
     return TorchTrainer(
-        spread_train_func, train_loop_config={"steps": steps, "sleep_s": 0.5},
+        spread_train_func, train_loop_config={"steps": steps, "sleep_s": 0.5, "hold_at_step": stopper.step},
         scaling_config=trainlib.ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD",
                                               placement_timeout_s=placement_timeout_s),
         run_config=trainlib.RunConfig(name=name, storage_path=f"s3://{BUCKET}/runs", callbacks=[stopper],
@@ -317,7 +317,7 @@ def test_node_stopped_without_spare_capacity_fails_with_a_clear_error(cluster, s
     started = time.monotonic()
     with connected(cluster, {"py_modules": [os.path.join(REPO_ROOT, "trainlib")]}):
         with pytest.raises(trainlib.TrainlibError) as info:
-            _spread_trainer("no-room-" + uuid.uuid4().hex[:6], stopper, steps=30, placement_timeout_s=20).fit()
+            _spread_trainer("no-room-" + uuid.uuid4().hex[:6], stopper, steps=6, placement_timeout_s=20).fit()
     message = str(info.value)
     assert stopper.stopped and isinstance(info.value, trainlib.ResourcesUnavailableError), message
     assert "STRICT_SPREAD" in message or "Timed out" in message, message
