@@ -37,6 +37,10 @@ class RunInfo:
     scaling_config: dict[str, Any]
     resumed_from: str | None  # the checkpoint the run started from, if any
     record: "RunRecord"
+    # The reports an earlier fit() of this run committed, oldest first (their checkpoints are not
+    # attached: ``checkpoint`` is None). A tracker that a crash may have cut off compares them with
+    # what it holds.
+    earlier_reports: tuple["ReportRecord", ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

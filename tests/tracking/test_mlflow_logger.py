@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import sqlite3
 import time
 
 import pytest
@@ -175,6 +176,10 @@ def test_a_failed_run_is_failed_and_its_resume_continues_the_same_run(ray_sessio
     assert run.info.status == "FAILED"
     assert "injected failure at step 3" in run.data.tags["trainlib.error"]
     first_id = logger.run_id
+    # As if the driver had been killed between committing report 2 and sending it: MLflow lacks it.
+    with sqlite3.connect(mlflow_server.db) as db:
+        db.execute("DELETE FROM metrics WHERE run_uuid = ? AND step = 2", (first_id,))
+    assert [s for s, _ in _steps(client, first_id, "loss")] == [1]
 
     # Resume the same trainlib run with a changed config: the same MLflow run continues, no param error.
     resumer = MLflowLogger(tracking_uri=mlflow_server.uri, experiment_name="tracking-tests")
@@ -186,6 +191,7 @@ def test_a_failed_run_is_failed_and_its_resume_continues_the_same_run(ray_sessio
     assert run.info.status == "FINISHED"
     assert run.data.tags["trainlib.resumed"] == "1"
     assert run.data.params["steps"] == "3"  # MLflow params are immutable: the first value stays
+    # Report 2 came back from run storage, once; report 3 failed before it was committed.
     assert [s for s, _ in _steps(client, first_id, "loss")] == [1, 2, 3, 4]
     assert [a.path for a in client.list_artifacts(first_id, "checkpoints")] == [
         f"checkpoints/checkpoint_00000{i}" for i in (1, 2, 3, 4)]

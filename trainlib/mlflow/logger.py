@@ -194,6 +194,8 @@ class MLflowLogger(Callback):
             ) from None
         logger.info("MLflow run %s in experiment %r at %s", self.run_id, self._experiment_name(),
                     redact_url(self._uri))
+        if saved.get("run_id") == self.run_id and run.earlier_reports:
+            self._log_missing_metrics(run.earlier_reports)
 
     def after_report(self, run: RunInfo, report: ReportRecord) -> None:
         metrics = {k: v for k, v in report.metrics.items() if is_number(v)}
@@ -288,6 +290,34 @@ class MLflowLogger(Callback):
             local = run.path[len("file://"):] if run.path.startswith("file://") else run.path
             return os.path.join(local, SPOOL_FILE)
         return os.path.join(expand_path(DEFAULT_SPOOL_DIR), f"{run.name}.{SPOOL_FILE}")
+
+    def _log_missing_metrics(self, reports: tuple[ReportRecord, ...]) -> None:
+        """Log the committed reports' metrics that the MLflow run lacks (sent or spooled like new ones).
+
+        A driver killed between committing a report and sending it (SIGKILL, a lost machine)
+        leaves the report in run storage and not in MLflow; the resumed run fills the gap. One
+        metric-history read per metric name; when the server cannot answer, nothing is filled.
+        """
+        steps: dict[str, set[int]] = {}
+        try:
+            with bounded_http():
+                for key in sorted({k for r in reports for k, v in r.metrics.items() if is_number(v)}):
+                    steps[key] = {m.step for m in self._client.get_metric_history(self.run_id, key)}
+        except Exception as exc:  # noqa: BLE001 - an outage: the spool covers what this fit() reports
+            logger.warning("Could not compare MLflow run %s with the run's %d committed report(s) (%s); reports "
+                           "a crash kept from MLflow stay missing there.", self.run_id, len(reports),
+                           short_error(exc))
+            return
+        filled = 0
+        for report in reports:
+            missing = {k: v for k, v in report.metrics.items() if is_number(v) and report.step not in steps[k]}
+            if missing:
+                filled += 1
+                self._emit({"kind": "metrics", "step": report.step, "metrics": missing,
+                            "timestamp": int(report.reported_at * 1000)})
+        if filled:
+            logger.warning("MLflow run %s lacked the metrics of %d committed report(s) (the driver stopped before "
+                           "sending them); logged them now from run storage.", self.run_id, filled)
 
     def _emit_checkpoint(self, checkpoint: Checkpoint) -> None:
         name = posixpath.basename(checkpoint.path.rstrip("/"))

@@ -34,7 +34,7 @@ from trainlib._internal.storage.lease import RunLease
 from trainlib._internal.storage.run_record import RunRecord
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib._internal.util.filesystem import resolve_filesystem
-from trainlib.callbacks import Callback, RunInfo
+from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from trainlib.data import DataConfig, check_datasets
@@ -138,6 +138,9 @@ class DataParallelTrainer:
             name=storage.name, path=storage.uri(), world_size=self.scaling_config.max_workers,
             use_gpu=self.scaling_config.use_gpu, train_loop_config=self.train_loop_config,
             scaling_config=run.record.scaling_config, resumed_from=start_from, record=run.record,
+            earlier_reports=tuple(ReportRecord(step=row["step"], metrics=row["metrics"], checkpoint=None,
+                                               attempt=row.get("attempt", 0), reported_at=row.get("time", 0.0))
+                                  for row in run.metrics_rows),
         )
         start_run(run, run_info, rc.callbacks)
         # Ray starts after the storage and tracking checks, which fail in seconds without it.
