@@ -2,13 +2,13 @@
 
 It fails only on a gross regression: more than twice the fixed cost (wall time outside
 the training steps) or twice the peak memory recorded in bench/results/guard_reference.json
-(a quiet-machine run of bench/bench_overhead.py),
-with the time allowance widened by how slow the machine is right now, or a process left behind.
-How slow is the larger of two estimates: the load (a process on a machine with load L over C
-cores gets about C/L of a core; the load average lags, so alone it missed bursts of the suite's
-own load) and the job's own training steps against the recorded ones (measured in the same run,
-under the same load; a slower step itself is bench_overhead.py's business, not this guard's). It is a guard,
-not a benchmark: the figures come from bench/bench_overhead.py.
+(a quiet-machine run of bench/bench_overhead.py), or a process left behind. The time
+allowance is widened by how slow the machine is right now, the larger of two estimates:
+the load (a process on a machine with load L over C cores gets about C/L of a core; the
+load average lags, so alone it missed bursts of the suite's own load) and the job's own
+training steps against the recorded ones (measured in the same run, under the same load; a
+slower step itself is bench_overhead.py's business, not this guard's). It is a guard, not a
+benchmark: the figures come from bench/bench_overhead.py.
 """
 
 from __future__ import annotations
