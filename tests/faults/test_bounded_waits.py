@@ -10,14 +10,14 @@ import pytest
 import trainlib
 from fault_helpers import start_driver
 from fault_train_funcs import straggler_train_func
-from trainlib.torch import TorchTrainer
+from trainlib import DataParallelTrainer
 
 pytestmark = [pytest.mark.integration]
 
 
 @pytest.mark.timeout(180)
 def test_rank_running_long_after_the_others_is_named_then_failed(ray_session, storage_path, caplog):
-    trainer = TorchTrainer(
+    trainer = DataParallelTrainer(
         straggler_train_func, train_loop_config={"rank1_sleep_s": 300},
         scaling_config=trainlib.ScalingConfig(num_workers=2),
         run_config=trainlib.RunConfig(name="straggler", storage_path=storage_path, verbose=False,

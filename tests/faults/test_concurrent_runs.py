@@ -21,7 +21,7 @@ import pytest
 import trainlib
 from fault_helpers import MotoS3, start_driver
 from fault_train_funcs import counting_train_func, expected_w
-from trainlib.torch import TorchTrainer
+from trainlib import DataParallelTrainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -29,10 +29,10 @@ EPOCHS = 10
 DRIVER = """
 import json, sys
 import trainlib
-from trainlib.torch import TorchTrainer
+from trainlib import DataParallelTrainer
 from fault_train_funcs import counting_train_func
 storage_path, options, epochs, sleep_s = {storage_path!r}, {options!r}, {epochs}, {sleep_s}
-result = TorchTrainer(counting_train_func, train_loop_config={{"epochs": epochs, "sleep_s": sleep_s}},
+result = DataParallelTrainer(counting_train_func, train_loop_config={{"epochs": epochs, "sleep_s": sleep_s}},
                       scaling_config=trainlib.ScalingConfig(num_workers=1),
                       run_config=trainlib.RunConfig(name="shared", storage_path=storage_path, storage_options=options,
                                                     verbose=False)).fit()
@@ -69,7 +69,7 @@ def _wait_for(fs, path: str, process, timeout: float = 180.0) -> None:
 
 
 def _fit_b(storage_path, options, epochs=EPOCHS):
-    return TorchTrainer(counting_train_func, train_loop_config={"epochs": epochs},
+    return DataParallelTrainer(counting_train_func, train_loop_config={"epochs": epochs},
                         scaling_config=trainlib.ScalingConfig(num_workers=1),
                         run_config=trainlib.RunConfig(name="shared", storage_path=storage_path,
                                                       storage_options=options, verbose=False)).fit()

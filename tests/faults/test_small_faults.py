@@ -12,7 +12,7 @@ import pytest
 
 import trainlib
 from fault_train_funcs import steps_train_func
-from trainlib.torch import TorchTrainer
+from trainlib import DataParallelTrainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -36,7 +36,7 @@ def killed_rank_train_func(config):
 
 def test_huge_metric_name_is_refused_by_report_naming_the_limit(ray_session, storage_path):
     with pytest.raises(trainlib.TrainingFailedError) as info:
-        TorchTrainer(huge_name_train_func, run_config=trainlib.RunConfig(
+        DataParallelTrainer(huge_name_train_func, run_config=trainlib.RunConfig(
             name="huge", storage_path=storage_path, verbose=False)).fit()
     cause = info.value.failures[0].cause
     assert "ValueError" in cause and "10000000 characters" in cause and "250" in cause, cause[:500]
@@ -46,7 +46,7 @@ def test_huge_metric_name_is_refused_by_report_naming_the_limit(ray_session, sto
 
 def test_two_ranks_writing_one_file_is_named_and_the_checkpoint_stays_valid(ray_session, storage_path, caplog):
     with caplog.at_level(logging.WARNING, logger="trainlib"):
-        result = TorchTrainer(steps_train_func, train_loop_config={"steps": 2, "both": True},
+        result = DataParallelTrainer(steps_train_func, train_loop_config={"steps": 2, "both": True},
                               scaling_config=trainlib.ScalingConfig(num_workers=2),
                               run_config=trainlib.RunConfig(name="both", storage_path=storage_path,
                                                             verbose=False)).fit()
@@ -60,7 +60,7 @@ def test_two_ranks_writing_one_file_is_named_and_the_checkpoint_stays_valid(ray_
 
 def test_killed_rank_is_named_with_where_to_find_its_exit_status(ray_session, storage_path):
     with pytest.raises(trainlib.TrainingFailedError) as info:
-        TorchTrainer(killed_rank_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
+        DataParallelTrainer(killed_rank_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
                      run_config=trainlib.RunConfig(name="killed", storage_path=storage_path, verbose=False)).fit()
     failure = info.value.failures[0]
     assert failure.rank == 1, str(info.value)
@@ -75,7 +75,7 @@ def test_failed_runs_leave_no_staging_folders(ray_session, tmp_path):
 
     with MotoS3() as s3:
         with pytest.raises(trainlib.TrainingFailedError):
-            TorchTrainer(killed_rank_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
+            DataParallelTrainer(killed_rank_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
                          run_config=trainlib.RunConfig(name="leftovers", storage_path=f"s3://{s3.bucket}/runs",
                                                        storage_options=s3.options(), verbose=False)).fit()
         run_path = f"{s3.bucket}/runs/leftovers"

@@ -20,7 +20,7 @@ from fault_helpers import MotoS3
 from fault_train_funcs import steps_train_func
 from trainlib.errors import StorageError
 from trainlib._internal.storage.run_storage import RunStorage
-from trainlib.torch import TorchTrainer
+from trainlib import DataParallelTrainer
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -106,7 +106,7 @@ def tiny_disk(tmp_path):
 
 @pytest.mark.integration
 def test_full_disk_fails_the_run_fast_and_keeps_what_was_committed(ray_session, tiny_disk):
-    trainer = TorchTrainer(steps_train_func, train_loop_config={"steps": 50, "big_bytes": 200_000},
+    trainer = DataParallelTrainer(steps_train_func, train_loop_config={"steps": 50, "big_bytes": 200_000},
                            run_config=trainlib.RunConfig(name="full", storage_path=tiny_disk, verbose=False))
     started = time.monotonic()
     with pytest.raises(trainlib.TrainlibError) as info:

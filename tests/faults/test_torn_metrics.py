@@ -9,13 +9,13 @@ import pytest
 
 import trainlib
 from fault_train_funcs import steps_train_func
-from trainlib.torch import TorchTrainer
+from trainlib import DataParallelTrainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 def _fit(storage_path, steps, **kw):
-    return TorchTrainer(steps_train_func, train_loop_config={"steps": steps},
+    return DataParallelTrainer(steps_train_func, train_loop_config={"steps": steps},
                         run_config=trainlib.RunConfig(name="torn", storage_path=storage_path, verbose=False,
                                                       **kw)).fit()
 

@@ -20,7 +20,7 @@ import trainlib
 from fault_helpers import start_driver
 from fault_train_funcs import steps_train_func
 from trainlib._internal import tunables
-from trainlib.torch import TorchTrainer
+from trainlib import DataParallelTrainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -38,7 +38,7 @@ def test_a_hanging_callback_delays_no_commit(ray_session, storage_path, monkeypa
     monkeypatch.setattr(tunables, "CALLBACK_DRAIN_TIMEOUT_S", 5.0)
     callback = HangingCallback()
     started = time.monotonic()
-    result = TorchTrainer(steps_train_func, train_loop_config={"steps": 4, "sleep_s": 0.2},
+    result = DataParallelTrainer(steps_train_func, train_loop_config={"steps": 4, "sleep_s": 0.2},
                           run_config=trainlib.RunConfig(name="hang", storage_path=storage_path, verbose=False,
                                                         callbacks=[callback])).fit()
     elapsed = time.monotonic() - started

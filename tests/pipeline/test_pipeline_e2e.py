@@ -4,9 +4,8 @@ a few hundred real FashionMNIST images.
 
 * The main command and the scheduled deployment share one home, so one registry: a `python -m flows.main`
   run makes the champion, then `prefect deployment run` through a worker registers a challenger judged
-  against it.
-* A deployment run SIGKILLed during epoch 2 of 3 and retried continues its training run from the
-  committed checkpoint and registers once.
+  against it. That deployment run is SIGKILLed during epoch 2 of 3 and retried: it continues its training
+  run from the committed checkpoint and registers once.
 * A failing run notifies a local HTTP receiver through a Prefect automation and a webhook block.
 * The flow run page, in headless Chromium, shows the task runs and the artifacts.
 * Bad input is refused at the boundary: the command line, the server (deployment parameters), the flow.
@@ -162,100 +161,7 @@ def _mlflow(services):
     return MlflowClient(tracking_uri=services["mlflow_uri"])
 
 
-# -- one home, one registry -------------------------------------------------------------------------
-
-
-@needs_data
-@pytest.mark.timeout(900)
-def test_main_command_and_scheduled_deployment_share_one_registry(deployed):
-    services = deployed
-    model_name = "fashion-mnist-resnet18"  # the default: neither run names a registry or a model
-    # The tutorial's recipe: in 6 steps it learns something, which the default one-cycle recipe does not,
-    # so the lr=0 challenger below is reliably worse than the champion.
-    small = {**SMALL, "mirrors": [FASHION_MNIST_MIRROR], "epochs": 1, "recipe": "tutorial"}
-
-    # 1. `make run`: the main command, on the module's Prefect server, with TRAINLIB_HOME as its only hint.
-    args = [f"--{k.replace('_', '-')}={v}" for k, v in {**SMALL, "recipe": "tutorial"}.items()]
-    done = subprocess.run([sys.executable, "-m", "flows.main", "--mirrors", FASHION_MNIST_MIRROR, "--epochs", "1",
-                           *args], cwd=REPO_ROOT, env=services["env"], capture_output=True, text=True, timeout=600)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-6000:]
-    assert f"{model_name} version 1: no champion yet" in out
-    # Rank 0's progress reached the terminal, from the flow process (no Ray prefix on those lines).
-    progress_lines = [line for line in out.splitlines() if "Training: epoch 1/1, step" in line]
-    assert progress_lines and not any("pid=" in line for line in progress_lines), out[-4000:]
-    assert "images/s" in progress_lines[-1] and "ETA" in progress_lines[-1]
-    ray_prefixed = [line for line in out.splitlines() if "pid=" in line]
-    assert len(ray_prefixed) < 60, "\n".join(ray_prefixed)  # the task logs, not a flood from every worker
-    assert re.search(r"/runs/flow-run/([0-9a-f-]{36})", out), out[-3000:]  # the run's page in the Prefect UI
-    assert (services["home"] / "mlflow.db").is_file() and (services["home"] / "runs").is_dir()
-
-    # 2. The scheduled deployment, through a worker; only the data and size are passed, no location.
-    [deployment] = [d for d in _api(services, "/deployments/filter", {}) if d["name"] == DEPLOYMENT.split("/")[1]]
-    assert deployment["enforce_parameter_schema"] is True
-    assert (deployment.get("concurrency_options") or {}).get("collision_strategy") == "ENQUEUE"
-    [schedule] = deployment["schedules"]
-    assert schedule["schedule"]["cron"] == "0 3 * * 1" and schedule["schedule"]["timezone"] == "Europe/Berlin"
-    flow_run_id = _start_deployment_run(services, {**small, "lr": 0.0})  # lr=0: the initial weights, worse
-    worker_log = _run_worker_once(services)
-    top = _flow_run(services, flow_run_id)
-    assert top["state_type"] == "COMPLETED", f"{top['state']['message']}\n{worker_log}"
-    assert re.fullmatch(rf"{model_name}-\d{{4}}-\d\d-\d\d-\d{{4}}", top["name"]), top["name"]
-
-    client = _mlflow(services)
-    champion = client.get_model_version_by_alias(model_name, "champion")
-    challenger = client.get_model_version_by_alias(model_name, "challenger")
-    assert (str(champion.version), str(challenger.version)) == ("1", "2")
-    # Judged against the first run's champion, in the same registry.
-    assert challenger.tags["previous_champion_version"] == "1"
-    assert challenger.tags["promotion_decision"] == "kept_champion"
-    assert float(challenger.tags["previous_champion_test_accuracy"]) == pytest.approx(
-        float(champion.tags["test_accuracy"]), abs=1e-6)
-    assert client.get_run(champion.run_id).info.experiment_id == client.get_run(challenger.run_id).info.experiment_id
-    assert challenger.tags["test_data_md5"] == champion.tags["test_data_md5"]  # scored on the same images
-    # Lineage: the data set is the run's input, the usual source tags, one checkpoint copy (the best), the recipe.
-    run = client.get_run(champion.run_id)
-    [dataset_input] = run.inputs.dataset_inputs
-    assert dataset_input.dataset.name == "fashion-mnist" and champion.tags["dataset_md5"] == dataset_input.dataset.digest
-    assert run.data.tags["mlflow.source.name"] == "flows.pipeline:training-pipeline" and "mlflow.user" in run.data.tags
-    if os.path.exists(os.path.join(REPO_ROOT, ".git")):
-        assert len(run.data.tags["mlflow.source.git.commit"]) == 40
-    assert len(client.list_artifacts(champion.run_id, "checkpoints")) == 1
-    assert champion.tags["recipe"] == "tutorial"  # the recipe the run was given, recorded on the version
-
-    # Every task run reached the server; the artifacts a person reads exist; nothing was downloaded again.
-    steps = _steps_run(services, flow_run_id)
-    tasks = _task_runs(services, steps["id"])
-    assert sorted(t["name"].rsplit("-", 1)[0] for t in tasks) == ["download-dataset", "evaluate", "register", "train"]
-    assert {t["state_type"] for t in tasks} == {"COMPLETED"}
-    download = next(t for t in tasks if t["name"].startswith("download-dataset-"))
-    assert any("4 file(s) from the cache" in m for m in _logs(services, task_run_id=[download["id"]]))
-    train = next(t for t in tasks if t["name"].startswith("train-"))
-    assert any("rank 0 report 1" in m and "val_accuracy" in m for m in _logs(services, task_run_id=[train["id"]]))
-    artifacts = {}  # the latest of each key
-    for artifact in _api(services, "/artifacts/filter", {"sort": "CREATED_DESC"}):
-        artifacts.setdefault(artifact["key"], artifact)
-    assert {f"evaluation-{model_name}", f"per-class-accuracy-{model_name}", f"model-registry-{model_name}",
-            f"training-progress-{model_name}", "mlflow-run-fashion-mnist"} <= set(artifacts)
-    assert artifacts[f"training-progress-{model_name}"]["data"] == pytest.approx(100.0)
-    promoted = _api(services, "/events/filter", {"filter": {"event": {"name": ["trainlib.model.promoted"]}}})["events"]
-    assert any(e["resource"]["prefect.resource.id"] == f"mlflow.model.{model_name}" and
-               str(e["payload"]["version"]) == "1" for e in promoted), promoted
-    link = artifacts["mlflow-run-fashion-mnist"]["data"]
-    assert f"/runs/{challenger.run_id}" in link
-    services["results"]["ui_run"] = (steps["id"], model_name, "fashion-mnist")
-
-
-def test_bad_deployment_parameters_are_refused_by_the_server(deployed):
-    for params, words in [({"epochs": 0}, ["epochs"]), ({"dataset": "cifar10"}, ["dataset", "fashion-mnist"]),
-                          ({"epoch": 2}, ["epoch"]), ({"num_workers": "two"}, ["num_workers"])]:
-        out = _cli(deployed, "deployment", "run", DEPLOYMENT, "--params", json.dumps({"params": params}), check=False)
-        assert "UUID" not in out, out  # no flow run was created
-        for word in words:
-            assert word in out, out
-
-
-# -- retries resume -----------------------------------------------------------------------------------
+# -- one home, one registry; a killed deployment run resumes when retried ---------------------------------
 
 
 def _metrics_epochs(run_folder) -> list[int]:
@@ -279,17 +185,9 @@ def _flow_run_process(worker_pid: int, flow_run_id: str):
     return None
 
 
-@needs_data
-@pytest.mark.timeout(900)
-def test_killed_deployment_run_resumes_from_its_checkpoint_when_retried(deployed):
-    services = deployed
-    model_name = "fmnist-resume"
-    params = {**SMALL, "limit": 1024, "mirrors": [FASHION_MNIST_MIRROR], "epochs": 3, "model_name": model_name,
-              "experiment_name": "fmnist-resume"}
-    flow_run_id = _start_deployment_run(services, params)
-    run_folder = services["home"] / "runs" / f"{model_name}-{flow_run_id[:8]}"
-
-    # The first attempt: SIGKILL its flow-run process (the Ray driver) during epoch 2 of 3.
+def _kill_during_epoch_2(services, flow_run_id: str, run_folder) -> list[int]:
+    """Run the deployment's flow run with a worker and SIGKILL its flow-run process (the Ray driver) during
+    epoch 2; return the epochs committed at the kill, once the server knows the run crashed."""
     with open(services["root"] / "worker.log", "ab") as log:
         worker = subprocess.Popen([f"{BIN}/prefect", "worker", "start", "--pool", POOL, "--run-once"],
                                   cwd=REPO_ROOT, env=services["env"], stdout=log, stderr=subprocess.STDOUT,
@@ -311,34 +209,135 @@ def test_killed_deployment_run_resumes_from_its_checkpoint_when_retried(deployed
             time.sleep(0.3)
     finally:
         _kill_session(worker.pid)
-    assert killed_during == [0], f"the kill came after epoch 2 was committed: {killed_during}"
+    return killed_during
 
-    # The retry (as the UI's Retry button): the same flow run continues its training run.
+
+@needs_data
+@pytest.mark.timeout(900)
+def test_main_command_and_a_killed_then_retried_deployment_run_share_one_registry(deployed):
+    """`make run` makes the champion; the scheduled deployment, run by a worker, is SIGKILLed during epoch 2 of
+    3, retried as the UI's Retry button does, continues its training run from the committed checkpoint and
+    registers once, as a challenger judged against the first run's champion in the same registry.
+
+    One test, because each pipeline run through a worker costs a minute of the suite's two cores: the
+    deployment run that shares the registry is the one that is killed and retried."""
+    services = deployed
+    model_name = "fashion-mnist-resnet18"  # the default: neither run names a registry or a model
+    # The tutorial's recipe: in 6 steps it learns something, which the default one-cycle recipe does not,
+    # so the lr=0 challenger below is reliably worse than the champion.
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in {**SMALL, "recipe": "tutorial"}.items()]
+
+    # 1. `make run`: the main command, on the module's Prefect server, with TRAINLIB_HOME as its only hint.
+    done = subprocess.run([sys.executable, "-m", "flows.main", "--mirrors", FASHION_MNIST_MIRROR, "--epochs", "1",
+                           *args], cwd=REPO_ROOT, env=services["env"], capture_output=True, text=True, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    assert f"{model_name} version 1: no champion yet" in out
+    # Rank 0's progress reached the terminal, from the flow process (no Ray prefix on those lines).
+    progress_lines = [line for line in out.splitlines() if "Training: epoch 1/1, step" in line]
+    assert progress_lines and not any("pid=" in line for line in progress_lines), out[-4000:]
+    assert "images/s" in progress_lines[-1] and "ETA" in progress_lines[-1]
+    ray_prefixed = [line for line in out.splitlines() if "pid=" in line]
+    assert len(ray_prefixed) < 60, "\n".join(ray_prefixed)  # the task logs, not a flood from every worker
+    page = re.search(r"/runs/flow-run/([0-9a-f-]{36})", out)  # the run's page in the Prefect UI
+    assert page, out[-3000:]
+    assert (services["home"] / "mlflow.db").is_file() and (services["home"] / "runs").is_dir()
+    # Every task run of that (uninterrupted) run reached the server.
+    main_steps = _steps_run(services, page.group(1))
+    main_tasks = _task_runs(services, main_steps["id"])
+    assert sorted(t["name"].rsplit("-", 1)[0] for t in main_tasks) == ["download-dataset", "evaluate", "register",
+                                                                       "train"]
+    assert {t["state_type"] for t in main_tasks} == {"COMPLETED"}
+    train = next(t for t in main_tasks if t["name"].startswith("train-"))
+    assert any("rank 0 report 1" in m and "val_accuracy" in m for m in _logs(services, task_run_id=[train["id"]]))
+
+    # 2. The scheduled deployment, through a worker; only the data, size and lr are passed, no location.
+    [deployment] = [d for d in _api(services, "/deployments/filter", {}) if d["name"] == DEPLOYMENT.split("/")[1]]
+    assert deployment["enforce_parameter_schema"] is True
+    assert (deployment.get("concurrency_options") or {}).get("collision_strategy") == "ENQUEUE"
+    [schedule] = deployment["schedules"]
+    assert schedule["schedule"]["cron"] == "0 3 * * 1" and schedule["schedule"]["timezone"] == "Europe/Berlin"
+    params = {**SMALL, "limit": 1024, "mirrors": [FASHION_MNIST_MIRROR], "epochs": 3, "recipe": "tutorial",
+              "lr": 0.0}  # lr=0: the initial weights, worse than the champion
+    flow_run_id = _start_deployment_run(services, params)
+    run_folder = services["home"] / "runs" / f"{model_name}-{flow_run_id[:8]}"
+
+    # The first attempt is SIGKILLed during epoch 2 of 3; the retry continues the same flow run.
+    killed_during = _kill_during_epoch_2(services, flow_run_id, run_folder)
+    assert killed_during == [0], f"the kill came after epoch 2 was committed: {killed_during}"
     _cli(services, "flow-run", "retry", flow_run_id)
     worker_log = _run_worker_once(services)
     top = _flow_run(services, flow_run_id)
     assert top["state_type"] == "COMPLETED", f"{top['state']['message']}\n{worker_log}"
+    assert re.fullmatch(rf"{model_name}-\d{{4}}-\d\d-\d\d-\d{{4}}", top["name"]), top["name"]
     assert _metrics_epochs(run_folder) == [0, 1, 2]  # no epoch trained twice; epoch 2's lost part redone once
+
     steps = _steps_run(services, flow_run_id)
     # The retry may run in the same subflow run: the second attempt's train task run is the newest.
-    train = max((t for t in _task_runs(services, steps["id"]) if t["name"].startswith("train-")),
-                key=lambda t: t["created"])
-    train_logs = _logs(services, task_run_id=[train["id"]])
+    tasks = _task_runs(services, steps["id"])
+    retried_train = max((t for t in tasks if t["name"].startswith("train-")), key=lambda t: t["created"])
+    train_logs = _logs(services, task_run_id=[retried_train["id"]])
     # trainlib's own warning reached the task run's log; training went on from the committed checkpoint.
     assert any("resuming it from" in m and "checkpoint_000001" in m for m in train_logs), train_logs
     assert any("resuming from" in m for m in train_logs), train_logs
+    # Nothing was downloaded again: the main command's download filled the home's cache.
+    downloads = [t["id"] for t in tasks if t["name"].startswith("download-dataset-")]
+    assert any("4 file(s) from the cache" in m for m in _logs(services, task_run_id=downloads))
     # Rank 0's progress reached the flow run's log (so the terminal and the UI) in more than one epoch.
     # Whether a line falls inside an epoch depends on the machine's speed (lines come every 10 s):
     # the unit test of ProgressMeter pins the in-epoch publication.
     progress = [m for m in _logs(services, flow_run_id=[steps["id"]]) if m.startswith("Training: epoch")]
     assert len({m.split(",")[0] for m in progress}) >= 2 and "images/s" in progress[-1], progress
+
+    # One registry: the retried run registered once, judged against the first run's champion.
     client = _mlflow(services)
-    versions = client.search_model_versions(f"name = '{model_name}'")
-    assert [str(v.version) for v in versions] == ["1"]  # registered once
-    runs = client.search_runs([client.get_experiment_by_name("fmnist-resume").experiment_id])
-    assert len(runs) == 1 and runs[0].data.tags["trainlib.resumed"] == "1"
-    assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "val_accuracy")) == [1, 2, 3]
-    services["results"].setdefault("ui_run", (steps["id"], model_name, "fmnist-resume"))  # a retried run has more task runs
+    assert sorted(str(v.version) for v in client.search_model_versions(f"name = '{model_name}'")) == ["1", "2"]
+    champion = client.get_model_version_by_alias(model_name, "champion")
+    challenger = client.get_model_version_by_alias(model_name, "challenger")
+    assert (str(champion.version), str(challenger.version)) == ("1", "2")
+    assert challenger.tags["previous_champion_version"] == "1"
+    assert challenger.tags["promotion_decision"] == "kept_champion"
+    assert float(challenger.tags["previous_champion_test_accuracy"]) == pytest.approx(
+        float(champion.tags["test_accuracy"]), abs=1e-6)
+    assert client.get_run(champion.run_id).info.experiment_id == client.get_run(challenger.run_id).info.experiment_id
+    assert challenger.tags["test_data_md5"] == champion.tags["test_data_md5"]  # scored on the same images
+    # The killed and the retried attempt are one MLflow run, with each epoch's validation once.
+    retried = client.get_run(challenger.run_id)
+    assert retried.data.tags["trainlib.resumed"] == "1"
+    assert sorted(m.step for m in client.get_metric_history(challenger.run_id, "val_accuracy")) == [1, 2, 3]
+    assert len(client.search_runs([retried.info.experiment_id],
+                                  f"tags.`prefect.flow_run_id` = '{flow_run_id}'")) == 1
+    # Lineage: the data set is the run's input, the usual source tags, one checkpoint copy (the best), the recipe.
+    run = client.get_run(champion.run_id)
+    [dataset_input] = run.inputs.dataset_inputs
+    assert dataset_input.dataset.name == "fashion-mnist" and champion.tags["dataset_md5"] == dataset_input.dataset.digest
+    assert run.data.tags["mlflow.source.name"] == "flows.pipeline:training-pipeline" and "mlflow.user" in run.data.tags
+    if os.path.exists(os.path.join(REPO_ROOT, ".git")):
+        assert len(run.data.tags["mlflow.source.git.commit"]) == 40
+    assert len(client.list_artifacts(champion.run_id, "checkpoints")) == 1
+    assert champion.tags["recipe"] == "tutorial"  # the recipe the run was given, recorded on the version
+
+    # The artifacts a person reads exist; the events say what happened.
+    artifacts = {}  # the latest of each key
+    for artifact in _api(services, "/artifacts/filter", {"sort": "CREATED_DESC"}):
+        artifacts.setdefault(artifact["key"], artifact)
+    assert {f"evaluation-{model_name}", f"per-class-accuracy-{model_name}", f"model-registry-{model_name}",
+            f"training-progress-{model_name}", "mlflow-run-fashion-mnist"} <= set(artifacts)
+    assert artifacts[f"training-progress-{model_name}"]["data"] == pytest.approx(100.0)
+    promoted = _api(services, "/events/filter", {"filter": {"event": {"name": ["trainlib.model.promoted"]}}})["events"]
+    assert any(e["resource"]["prefect.resource.id"] == f"mlflow.model.{model_name}" and
+               str(e["payload"]["version"]) == "1" for e in promoted), promoted
+    assert f"/runs/{challenger.run_id}" in artifacts["mlflow-run-fashion-mnist"]["data"]
+    services["results"]["ui_run"] = (main_steps["id"], model_name, "fashion-mnist")  # four task runs, one each
+
+
+def test_bad_deployment_parameters_are_refused_by_the_server(deployed):
+    for params, words in [({"epochs": 0}, ["epochs"]), ({"dataset": "cifar10"}, ["dataset", "fashion-mnist"]),
+                          ({"epoch": 2}, ["epoch"]), ({"num_workers": "two"}, ["num_workers"])]:
+        out = _cli(deployed, "deployment", "run", DEPLOYMENT, "--params", json.dumps({"params": params}), check=False)
+        assert "UUID" not in out, out  # no flow run was created
+        for word in words:
+            assert word in out, out
 
 
 # -- alerts ----------------------------------------------------------------------------------------------
