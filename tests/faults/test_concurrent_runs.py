@@ -33,9 +33,9 @@ from trainlib import DataParallelTrainer
 from fault_train_funcs import counting_train_func
 storage_path, options, epochs, sleep_s = {storage_path!r}, {options!r}, {epochs}, {sleep_s}
 result = DataParallelTrainer(counting_train_func, train_loop_config={{"epochs": epochs, "sleep_s": sleep_s}},
-                      scaling_config=trainlib.ScalingConfig(num_workers=1),
-                      run_config=trainlib.RunConfig(name="shared", storage_path=storage_path, storage_options=options,
-                                                    verbose=False)).fit()
+                             scaling_config=trainlib.ScalingConfig(num_workers=1),
+                             run_config=trainlib.RunConfig(name="shared", storage_path=storage_path,
+                                                           storage_options=options, verbose=False)).fit()
 print("RESULT " + json.dumps(result.metrics_dataframe[["epoch", "attempt", "start_epoch", "w"]].to_dict("list")))
 """
 
@@ -70,9 +70,9 @@ def _wait_for(fs, path: str, process, timeout: float = 180.0) -> None:
 
 def _fit_b(storage_path, options, epochs=EPOCHS):
     return DataParallelTrainer(counting_train_func, train_loop_config={"epochs": epochs},
-                        scaling_config=trainlib.ScalingConfig(num_workers=1),
-                        run_config=trainlib.RunConfig(name="shared", storage_path=storage_path,
-                                                      storage_options=options, verbose=False)).fit()
+                               scaling_config=trainlib.ScalingConfig(num_workers=1),
+                               run_config=trainlib.RunConfig(name="shared", storage_path=storage_path,
+                                                             storage_options=options, verbose=False)).fit()
 
 
 def test_second_driver_on_a_live_run_is_refused(where):

@@ -47,9 +47,9 @@ def test_huge_metric_name_is_refused_by_report_naming_the_limit(ray_session, sto
 def test_two_ranks_writing_one_file_is_named_and_the_checkpoint_stays_valid(ray_session, storage_path, caplog):
     with caplog.at_level(logging.WARNING, logger="trainlib"):
         result = DataParallelTrainer(steps_train_func, train_loop_config={"steps": 2, "both": True},
-                              scaling_config=trainlib.ScalingConfig(num_workers=2),
-                              run_config=trainlib.RunConfig(name="both", storage_path=storage_path,
-                                                            verbose=False)).fit()
+                                     scaling_config=trainlib.ScalingConfig(num_workers=2),
+                                     run_config=trainlib.RunConfig(name="both", storage_path=storage_path,
+                                                                   verbose=False)).fit()
     warnings = [r.getMessage() for r in caplog.records if "all wrote 'model.pt'" in r.getMessage()]
     assert len(warnings) == 1 and "get_world_rank() == 0" in warnings[0], caplog.text  # once per run
     assert sorted(os.path.basename(c.path) for c, _ in result.best_checkpoints) == [
@@ -61,7 +61,8 @@ def test_two_ranks_writing_one_file_is_named_and_the_checkpoint_stays_valid(ray_
 def test_killed_rank_is_named_with_where_to_find_its_exit_status(ray_session, storage_path):
     with pytest.raises(trainlib.TrainingFailedError) as info:
         DataParallelTrainer(killed_rank_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
-                     run_config=trainlib.RunConfig(name="killed", storage_path=storage_path, verbose=False)).fit()
+                            run_config=trainlib.RunConfig(name="killed", storage_path=storage_path,
+                                                          verbose=False)).fit()
     failure = info.value.failures[0]
     assert failure.rank == 1, str(info.value)
     assert "died" in failure.cause and "pid" in failure.cause and "dmesg" in failure.cause, failure.cause
@@ -76,8 +77,8 @@ def test_failed_runs_leave_no_staging_folders(ray_session, tmp_path):
     with MotoS3() as s3:
         with pytest.raises(trainlib.TrainingFailedError):
             DataParallelTrainer(killed_rank_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
-                         run_config=trainlib.RunConfig(name="leftovers", storage_path=f"s3://{s3.bucket}/runs",
-                                                       storage_options=s3.options(), verbose=False)).fit()
+                                run_config=trainlib.RunConfig(name="leftovers", storage_path=f"s3://{s3.bucket}/runs",
+                                                              storage_options=s3.options(), verbose=False)).fit()
         run_path = f"{s3.bucket}/runs/leftovers"
     left = []
     for root in glob.glob(os.path.join(tempfile.gettempdir(), "trainlib_stage_rank*")):

@@ -107,7 +107,7 @@ def tiny_disk(tmp_path):
 @pytest.mark.integration
 def test_full_disk_fails_the_run_fast_and_keeps_what_was_committed(ray_session, tiny_disk):
     trainer = DataParallelTrainer(steps_train_func, train_loop_config={"steps": 50, "big_bytes": 200_000},
-                           run_config=trainlib.RunConfig(name="full", storage_path=tiny_disk, verbose=False))
+                                  run_config=trainlib.RunConfig(name="full", storage_path=tiny_disk, verbose=False))
     started = time.monotonic()
     with pytest.raises(trainlib.TrainlibError) as info:
         trainer.fit()

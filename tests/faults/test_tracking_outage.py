@@ -39,8 +39,8 @@ def test_a_hanging_callback_delays_no_commit(ray_session, storage_path, monkeypa
     callback = HangingCallback()
     started = time.monotonic()
     result = DataParallelTrainer(steps_train_func, train_loop_config={"steps": 4, "sleep_s": 0.2},
-                          run_config=trainlib.RunConfig(name="hang", storage_path=storage_path, verbose=False,
-                                                        callbacks=[callback])).fit()
+                                 run_config=trainlib.RunConfig(name="hang", storage_path=storage_path, verbose=False,
+                                                               callbacks=[callback])).fit()
     elapsed = time.monotonic() - started
     assert elapsed < 90, elapsed
     assert callback.calls == 1  # the first call hangs; nothing else waited for it
