@@ -26,10 +26,23 @@ PREFECT_TEST_SERVER_ENV = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_handed_out: set[int] = set()
+
+
+def free_port(ip: str = "127.0.0.1") -> int:
+    """A port free on ``ip`` now, never one this process handed out before.
+
+    The kernel may give the same free port to two binds in a row while the server meant for the
+    first has not bound it yet: a module that starts a Prefect server and then an MLflow server
+    saw the second take the first's port ("address already in use").
+    """
+    while True:
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def start_session_ray() -> None:

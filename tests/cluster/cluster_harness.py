@@ -32,24 +32,19 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
+from conftest import free_port
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
 HEAD_IP = "127.0.0.2"
 NODE_START_TIMEOUT_S = 120.0
 PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
-
-
-def free_port(ip: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
 
 
 def _free_ports(n: int) -> list[int]:

@@ -14,17 +14,13 @@ import urllib.request
 import cloudpickle
 import pytest
 
+from conftest import free_port
+
 # The training functions below run in Ray workers, which cannot import this test folder.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MLFLOW_BIN = os.path.join(os.path.dirname(sys.executable), "mlflow")
 SERVER_START_TIMEOUT_S = 90.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MlflowServer:

@@ -8,13 +8,13 @@ import logging
 import os
 import pickle
 import shutil
-import socket
 import struct
 import threading
 
 import pytest
 import torch
 
+from conftest import free_port
 from tasks.domain.dataset_fetch import MIRRORS_ENV_VAR, DatasetDownloadError, fetch_dataset
 from tasks.domain.dataset_registry import DATASETS, get_dataset_spec
 from tasks.domain.generated_dataset import write_idx_dataset
@@ -25,12 +25,6 @@ from tasks.domain.torchvision_layout import torchvision_layout
 FILES = [f for f, _ in DATASETS["fashion-mnist"].files]
 OFFICIAL = "/work/shared/datasets/fashion-mnist"
 FAST = {"backoff_s": 0.01, "timeout_s": 5.0}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)
