@@ -21,15 +21,19 @@ class PrefectServer:
     """``start()`` returns at once (other set-up can overlap its ~10 s start); ``wait()`` until it answers."""
 
     def __init__(self, root: Path, base_env: dict[str, str], ui: bool = False):
-        self.port = free_port()
-        self.api_url = f"http://127.0.0.1:{self.port}/api"
-        self.ui_url = f"http://127.0.0.1:{self.port}"
+        self.ui = ui
         self.log_path = root / "prefect.log"
         self.env = dict(base_env, **PREFECT_TEST_SERVER_ENV, PREFECT_HOME=str(root / "prefect_home"),
                         PREFECT_UI_ENABLED="true" if ui else "false")
-        if ui:
-            self.env["PREFECT_UI_API_URL"] = self.api_url
+        self._use_port(free_port())
         self.process: subprocess.Popen | None = None
+
+    def _use_port(self, port: int) -> None:
+        self.port = port
+        self.api_url = f"http://127.0.0.1:{port}/api"
+        self.ui_url = f"http://127.0.0.1:{port}"
+        if self.ui:
+            self.env["PREFECT_UI_API_URL"] = self.api_url
 
     def start(self) -> "PrefectServer":
         with open(self.log_path, "wb") as log:
@@ -38,10 +42,18 @@ class PrefectServer:
                 stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         return self
 
-    def wait(self, timeout_s: float = 120) -> None:
+    def wait(self, timeout_s: float = 120, port_retries: int = 2) -> None:
+        """Until the server answers. Read ``api_url`` after this: a port that another process bound
+        between picking it and the server's bind is replaced by a new one (``port_retries`` times)."""
         deadline = time.monotonic() + timeout_s
         while not healthy(f"{self.api_url}/health"):
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            exited = self.process.poll() is not None
+            if exited and port_retries > 0 and "already in use" in self.log_path.read_text():
+                port_retries -= 1
+                self._use_port(free_port())
+                self.start()
+                continue
+            if exited or time.monotonic() > deadline:
                 raise RuntimeError(f"the Prefect server did not start; log:\n{self.log_path.read_text()[-3000:]}")
             time.sleep(0.3)
 

@@ -7,12 +7,13 @@ Two real processes form a real gloo group on 127.0.0.1; the failure is injected 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from conftest import free_port
 
 CHILD = textwrap.dedent("""
     import datetime, json, sys
@@ -47,14 +48,8 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _form(fail_on: dict[str, str], attempts: int = 3) -> list[tuple[int, str]]:
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(rank), str(port), json.dumps(fail_on), str(attempts)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
     outs = []

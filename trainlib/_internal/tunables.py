@@ -19,6 +19,7 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 # Times all ranks form a gloo process group before giving up: gloo's full-mesh connect fails now and
 # then with all ranks alive ("Connection closed by peer", also in PyTorch's own CI), and a new try works.
 GLOO_CONNECT_ATTEMPTS = 3
+GLOO_VERDICT_READ_TIMEOUT_S = 10.0  # after the last failed try, how long rank 0 keeps the store up for the others
 
 # How long the driver waits for worker actors to start (import torch, join the group).
 WORKER_START_TIMEOUT_S = 300.0

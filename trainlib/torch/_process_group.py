@@ -12,6 +12,7 @@ errors are not retried.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 from typing import Any, Callable
@@ -59,9 +60,21 @@ def init_process_group(backend: str, master_addr: str, master_port: int, rank: i
         if error is None:
             dist.destroy_process_group()  # joined, but a peer did not: leave, to try again together
         if attempt == tries:
+            _leave_store_last(store, prefix, rank, world_size)
             raise error or RuntimeError(
                 f"The gloo process group could not be formed in {tries} tries: rank(s) {failed} failed to connect "
                 "(see their errors). Check that the nodes can reach each other on all ports, or set "
                 "GLOO_SOCKET_IFNAME to the interface they share.")
         logger.warning("Forming the gloo process group failed on rank(s) %s (try %d of %d), trying again: %s",
                        failed, attempt, tries, str(error).splitlines()[0][:200] if error else "a peer failed")
+
+
+def _leave_store_last(store: Any, prefix: str, rank: int, world_size: int) -> None:
+    """Before every rank raises after the last try: rank 0, which hosts the store, waits (briefly) until
+    the others have read the verdicts, or they would see its exit ("Failed to recv ... Connection
+    closed") instead of the error that names the rank that failed."""
+    store.set(f"{prefix}/read/{rank}", "1")
+    if rank == 0:
+        with contextlib.suppress(RuntimeError):  # a peer that died never acknowledges: raise anyway
+            store.wait([f"{prefix}/read/{r}" for r in range(world_size)],
+                       datetime.timedelta(seconds=tunables.GLOO_VERDICT_READ_TIMEOUT_S))
