@@ -113,7 +113,7 @@ def storage_path(tmp_path):
 # keeps one worker from being left alone with a long module at the end (seconds from a quiet run).
 LONGEST_FIRST = (
     "cluster/test_cluster.py",  # ~270 s: a `ray start` cluster, two pipeline runs, node losses
-    "pipeline/test_pipeline_e2e.py",  # ~250 s: Prefect server, deployment runs, a killed and retried run
+    "pipeline/test_pipeline_e2e.py",  # ~200 s: Prefect server, the main command, a killed and retried deployment run
     "model/test_score_deployment.py",  # ~110 s
     "parity/test_elastic.py",  # ~105 s
     "storage/test_s3.py",  # ~100 s
