@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from trainlib._internal import tunables
+from trainlib._internal.execution.lazy_arrow import defer_arrow_serializers
 from trainlib._internal.execution.ray_connect import probe_ray_address
 
 logger = logging.getLogger("trainlib")
@@ -37,6 +38,9 @@ logger = logging.getLogger("trainlib")
 # Every worker Ray starts later imports them too, so a trainer preloads only what its backend uses:
 # 32 workers of a torch-free trainer each importing torch cost ~1 min of CPU (bench_scaling.py).
 WORKER_MODULE = "trainlib._internal.execution.worker"
+# Imported before the others, by every worker of the embedded Ray: Ray's Arrow serializers wait for
+# pyarrow instead of importing it (41 MB a process; lazy_arrow.py).
+WORKER_SETUP_MODULE = "trainlib._internal.execution.worker_setup"
 TORCH_MODULES = ("torch", "torch.distributed")
 WORKER_PRELOAD_MODULES = (*TORCH_MODULES, WORKER_MODULE)  # a Ray that runs TorchTrainer's workers
 
@@ -63,11 +67,12 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
         probe_ray_address(address)  # seconds, not minutes of GCS retries, when nothing listens there
         ray.init(log_to_driver=True)
         return
+    defer_arrow_serializers()  # this driver's serialization context: no pyarrow unless the user imports it
     # address="local": without it Ray joins the last cluster started on this machine
     # (/tmp/ray/ray_current_cluster), which may be someone else's.
     with without_dashboard_head():
         ray.init(address="local", include_dashboard=False, log_to_driver=True,
-                 _system_config={"preload_python_modules": list(preload)})
+                 _system_config={"preload_python_modules": [WORKER_SETUP_MODULE, *preload]})
     _started_here = True
     stop_unused_daemons()
     # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).
