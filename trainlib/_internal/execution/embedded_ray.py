@@ -11,7 +11,9 @@ has imported its web stack and published its address, ~1.7 s of a 3.7 s start on
 a quiet 2-core machine (and 10 s and more under load); the monitor is stopped as
 soon as Ray is up (bench/results/overhead.md). Ray's own exit hook also sleeps
 0.5 s so the workers' last log lines reach the driver; trainlib's hook waits only
-what is left of that since the last ``fit()`` returned, then shuts Ray down.
+what is left of that since the last ``fit()`` returned, then shuts Ray down. Ray's
+serialization imports pyarrow in every process (41 MB each) unless it is told to wait for it
+(``lazy_arrow.py``): the driver and every worker of the embedded Ray are.
 
 A Ray that the user initialised, or a cluster (``RAY_ADDRESS``), is never touched.
 """
