@@ -7,6 +7,7 @@ Runs a fresh Python process (no Ray initialised, no RAY_ADDRESS), as a user's sc
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,10 +42,26 @@ for fit, trainer_class in ((1, trainlib.DataParallelTrainer), (2, TorchTrainer))
     pyarrow_loaded.append(result.metrics["pyarrow_loaded"])
 node = ray._private.worker._global_node
 alive = {kind: [info.process.poll() is None for info in infos] for kind, infos in node.all_processes.items()}
-state = {"results": results, "torch_loaded": torch_loaded, "pyarrow_loaded": pyarrow_loaded + ["pyarrow" in sys.modules],
+pyarrow_loaded.append("pyarrow" in sys.modules)  # and the driver's
+state = {"results": results, "torch_loaded": torch_loaded, "pyarrow_loaded": pyarrow_loaded,
          "alive": alive, "session_dir": node.get_session_dir_path()}
 print("STATE " + json.dumps(state), flush=True)
 """
+
+
+def _run_fresh(tmp_path, source: str, marker: str, *args: str, timeout: float):
+    """Run ``source`` as a user's script in a fresh process (no Ray, no RAY_ADDRESS); return its output and
+    the JSON it printed after ``marker``."""
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    # RAY_DEDUP_LOGS=0: Ray would fold the ranks' alike lines into one "[repeated 2x]" line.
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "RAY_TMPDIR": "/tmp", "RAY_DEDUP_LOGS": "0"}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    line = next(line for line in out.stdout.splitlines() if line.startswith(marker))
+    return out, json.loads(line[len(marker):])
 
 
 def _session_processes(session_dir: str) -> list[str]:
@@ -63,17 +80,7 @@ def _session_processes(session_dir: str) -> list[str]:
 # ~40 s on a quiet machine; minutes under heavy load (the limit is for hangs).
 @pytest.mark.timeout(900)
 def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
-    script = tmp_path / "job.py"
-    script.write_text(SCRIPT)
-    # RAY_DEDUP_LOGS=0: Ray would fold the ranks' alike lines into one "[repeated 2x]" line.
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "RAY_TMPDIR": "/tmp", "RAY_DEDUP_LOGS": "0"}
-    env.pop("RAY_ADDRESS", None)
-    out = subprocess.run([sys.executable, str(script), str(tmp_path / "runs")], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=850)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    import json
-
-    state = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("STATE "))[6:])
+    out, state = _run_fresh(tmp_path, SCRIPT, "STATE ", str(tmp_path / "runs"), timeout=850)
     assert state["results"] == [1, 2]
     # Workers import only what their trainer's backend needs: torch costs ~1-3 s of CPU per process.
     assert state["torch_loaded"] == [False, True]
@@ -128,15 +135,6 @@ def test_pyarrow_is_loaded_only_when_used_and_then_ray_serializes_arrow_slices_c
     """The embedded Ray's processes do not import pyarrow for Ray's serializers; once a process imports it,
     Ray's Arrow serializers are there: a 10-row slice of an 8 MB table travels as its rows, not its buffers
     (8,000,379 bytes without the serializers, 636 with them, here)."""
-    script = tmp_path / "arrow_job.py"
-    script.write_text(ARROW_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "RAY_TMPDIR": "/tmp"}
-    env.pop("RAY_ADDRESS", None)
-    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=280)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    import json
-
-    state = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("ARROW "))[6:])
+    _, state = _run_fresh(tmp_path, ARROW_SCRIPT, "ARROW ", timeout=280)
     assert state["driver_before"] is False and state["worker_before"] is False, state
     assert state["driver_bytes"] < 100_000 and state["worker_bytes"] < 100_000, state

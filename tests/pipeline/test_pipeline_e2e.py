@@ -125,12 +125,17 @@ def _start_deployment_run(services, params: dict) -> str:
     return re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
 
 
-def _run_worker_once(services, timeout_s: float = 420) -> str:
-    """`prefect worker start --run-once` in its own session; every process it left behind is killed after."""
+def _start_worker(services) -> subprocess.Popen:
+    """`prefect worker start --run-once` in its own session (kill what it leaves with _kill_session)."""
     with open(services["root"] / "worker.log", "ab") as log:
-        worker = subprocess.Popen([f"{BIN}/prefect", "worker", "start", "--pool", POOL, "--run-once"],
-                                  cwd=REPO_ROOT, env=services["env"], stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+        return subprocess.Popen([f"{BIN}/prefect", "worker", "start", "--pool", POOL, "--run-once"],
+                                cwd=REPO_ROOT, env=services["env"], stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _run_worker_once(services, timeout_s: float = 420) -> str:
+    """One worker run to its end; every process it left behind is killed after. Returns the log's tail."""
+    worker = _start_worker(services)
     try:
         worker.wait(timeout=timeout_s)
     finally:
@@ -188,10 +193,7 @@ def _flow_run_process(worker_pid: int, flow_run_id: str):
 def _kill_during_epoch_2(services, flow_run_id: str, run_folder) -> list[int]:
     """Run the deployment's flow run with a worker and SIGKILL its flow-run process (the Ray driver) during
     epoch 2; return the epochs committed at the kill, once the server knows the run crashed."""
-    with open(services["root"] / "worker.log", "ab") as log:
-        worker = subprocess.Popen([f"{BIN}/prefect", "worker", "start", "--pool", POOL, "--run-once"],
-                                  cwd=REPO_ROOT, env=services["env"], stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+    worker = _start_worker(services)
     try:
         deadline = time.monotonic() + 400
         while _metrics_epochs(run_folder) != [0]:
