@@ -47,7 +47,8 @@ def defer_arrow_serializers() -> bool:
             register(context)
 
         arrow_serialization._register_custom_datasets_serializers = register_once_imported
-        sys.meta_path.insert(0, _AfterPyarrowImport(register))
+        if "pyarrow" not in sys.modules:  # else every context registers at once, as in Ray
+            sys.meta_path.insert(0, _AfterPyarrowImport(register))
         _installed = True
         return True
 
