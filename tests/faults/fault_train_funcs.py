@@ -1,6 +1,6 @@
 """Training functions of the fault tests, shipped to the Ray workers.
 
-The fault tests run them on ``DataParallelTrainer``: commits, leases, restarts and storage are the
+The fault tests run them on ``DataParallelTrainer`` (but the staged-uploads one, see its module): commits, leases, restarts and storage are the
 same machinery for every trainer, and its workers start without importing torch (about 2 s of CPU
 each on the 2-core CI, a third of the suite's CPU went to worker start-ups). Keep this module and
 the test modules that define training functions free of torch imports, or the workers import it anyway.
