@@ -1,5 +1,5 @@
-"""The embedded Ray that fit() starts: lean (no dashboard head, no autoscaler monitor, no torch in the
-workers of a trainer that does not use it), usable for several fits, workers' output reaches the
+"""The embedded Ray that fit() starts: lean (no dashboard head, no autoscaler monitor, no log monitor
+process, no torch in the workers of a trainer that does not use it), usable for several fits, workers' output reaches the
 driver, and nothing of it outlives the driver's process.
 
 Runs a fresh Python process (no Ray initialised, no RAY_ADDRESS), as a user's script does.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ def train_func(config):
     print(f"WORKER_SAYS rank={trainlib.get_context().get_world_rank()} fit={config['fit']}", flush=True)
     trainlib.report({"fit": config["fit"], "torch_loaded": "torch" in sys.modules,
                      "pyarrow_loaded": "pyarrow" in sys.modules})
+    print(f"WORKER_ENDS rank={trainlib.get_context().get_world_rank()} fit={config['fit']}")
 
 
 results, torch_loaded, pyarrow_loaded = [], [], []
@@ -91,11 +93,17 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     # the ones it needs still run.
     assert "dashboard" not in state["alive"] and state["alive"]["monitor"] == [False]
     assert state["alive"]["raylet"] == [True] and state["alive"]["gcs_server"] == [True]
-    assert state["alive"]["log_monitor"] == [True]
-    # Every worker's print reached the driver (Ray forwards worker output to it).
+    # Nor Ray's log monitor process: a thread of the driver reads the workers' log files (worker_logs.py).
+    assert "log_monitor" not in state["alive"]
+    # Every worker's print reached the driver, with Ray's prefix, including the last lines of the last
+    # fit (printed after its report, without a flush: read and printed at exit, before Ray shut down).
+    output = out.stdout + out.stderr
     for fit in (1, 2):
         for rank in (0, 1):
-            assert f"WORKER_SAYS rank={rank} fit={fit}" in out.stdout + out.stderr
+            assert f"WORKER_SAYS rank={rank} fit={fit}" in output
+            assert f"WORKER_ENDS rank={rank} fit={fit}" in output
+    assert re.search(r"\(TrainWorker pid=\d+\)(\x1b\[0m)? WORKER_SAYS rank=1 fit=2", output), output[-3000:]
+    assert "log_monitor.py" not in output  # the reader's own INFO lines stay out of the user's console
     # The driver's fast shutdown left nothing of the session running (bounded wait for the reaping).
     deadline = time.time() + 30
     while _session_processes(state["session_dir"]) and time.time() < deadline:

@@ -16,7 +16,8 @@ import pytest
 from conftest import free_port
 
 CHILD = textwrap.dedent("""
-    import datetime, json, sys
+    import datetime, faulthandler, json, sys
+    faulthandler.dump_traceback_later(90, exit=True)  # a hang ends with every thread's stack in the output
     import torch, torch.distributed as dist
     from trainlib.torch._process_group import init_process_group
 

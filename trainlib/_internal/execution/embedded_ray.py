@@ -9,9 +9,10 @@ Ray gives each up to a second to stop, one after another. The dashboard head is
 not started at all (:func:`without_dashboard_head`): ``ray.init`` waits until it
 has imported its web stack and published its address, ~1.7 s of a 3.7 s start on
 a quiet 2-core machine (and 10 s and more under load); the monitor is stopped as
-soon as Ray is up (bench/results/overhead.md). Ray's own exit hook also sleeps
-0.5 s so the workers' last log lines reach the driver; trainlib's hook waits only
-what is left of that since the last ``fit()`` returned, then shuts Ray down. Ray's
+soon as Ray is up (bench/results/overhead.md). The log monitor, a process that
+tails the workers' log files for the drivers, is not started either: a thread of
+this driver reads them (``worker_logs.py``), and at exit prints their last lines
+before Ray shuts down, where Ray's own exit hook sleeps 0.5 s for them to arrive. Ray's
 serialization imports pyarrow in every process (41 MB each) unless it is told to wait for it
 (``lazy_arrow.py``): the driver and every worker of the embedded Ray are.
 
@@ -31,6 +32,7 @@ from typing import Any
 from trainlib._internal import tunables
 from trainlib._internal.execution.lazy_arrow import defer_arrow_serializers
 from trainlib._internal.execution.ray_connect import probe_ray_address
+from trainlib._internal.execution.worker_logs import LogTail, start_log_tail, without_log_monitor
 
 logger = logging.getLogger("trainlib")
 
@@ -52,6 +54,7 @@ UNUSED_DAEMONS = ("dashboard", "monitor")
 
 _started_here = False
 _last_fit_end = 0.0
+_log_tail: LogTail | None = None  # the workers' output, read here instead of by Ray's log monitor
 
 
 def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
@@ -72,11 +75,13 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
     defer_arrow_serializers()  # this driver's serialization context: no pyarrow unless the user imports it
     # address="local": without it Ray joins the last cluster started on this machine
     # (/tmp/ray/ray_current_cluster), which may be someone else's.
-    with without_dashboard_head():
+    with without_dashboard_head(), without_log_monitor():
         ray.init(address="local", include_dashboard=False, log_to_driver=True,
                  _system_config={"preload_python_modules": [WORKER_SETUP_MODULE, *preload]})
     _started_here = True
     stop_unused_daemons()
+    global _log_tail
+    _log_tail = start_log_tail()
     # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).
     atexit.register(shutdown_embedded_ray)
 
@@ -146,9 +151,12 @@ def shutdown_embedded_ray() -> None:
         return
     import ray
 
-    left = tunables.WORKER_LOG_FLUSH_S - (time.monotonic() - _last_fit_end)
-    if _last_fit_end and left > 0:
-        time.sleep(left)
+    if _log_tail is not None:
+        _log_tail.stop()  # reads and prints the workers' last lines now: nothing to wait for
+    else:
+        left = tunables.WORKER_LOG_FLUSH_S - (time.monotonic() - _last_fit_end)
+        if _last_fit_end and left > 0:
+            time.sleep(left)
     try:
         ray.shutdown()
     except Exception as exc:  # noqa: BLE001 - exiting anyway; Ray's own hook and reaper clean up
