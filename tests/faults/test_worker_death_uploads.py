@@ -8,25 +8,36 @@ node finish them, so steps 1-3 are committed and the restart resumes at step 4.
 
 from __future__ import annotations
 
+import glob
 import json
+import os
+import queue
+import subprocess
+import tempfile
+import uuid
 
+import fsspec
 import pytest
 
 import trainlib
-from fault_helpers import MotoS3
+from fault_helpers import PYTHON, MotoS3
 from fault_train_funcs import sharded_train_func
-# TorchTrainer, not DataParallelTrainer as the other fault tests: on DataParallelTrainer this test failed once
-# in ~7 runs (2026-12-02: rank 1's three staged reports were neither committed nor recovered, and the
-# restart began from nothing). Not understood yet; kept on the trainer it always passed with.
-from trainlib.torch import TorchTrainer
+from conftest import REPO_ROOT
+from trainlib import DataParallelTrainer
+from trainlib._internal.execution import staging
+from trainlib._internal.execution.session import WorkerSession
+from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
+from trainlib._internal.storage.run_storage import RunStorage
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def test_dead_workers_staged_uploads_are_finished_before_the_restart(ray_session):
+    # DataParallelTrainer: no process group holds rank 1 back until rank 0 has started, so rank 1 at times
+    # reports and dies before rank 0's session starts (the case the next test makes deterministic).
     with MotoS3() as s3:
         fs = s3.fs()
-        trainer = TorchTrainer(
+        trainer = DataParallelTrainer(
             sharded_train_func, train_loop_config={"steps": 5, "die_after": 3, "upload_delay_s": 2.0},
             scaling_config=trainlib.ScalingConfig(num_workers=2),
             run_config=trainlib.RunConfig(name="staged", storage_path=f"s3://{s3.bucket}/runs",
@@ -46,3 +57,50 @@ def test_dead_workers_staged_uploads_are_finished_before_the_restart(ray_session
             path = f"{s3.bucket}/runs/staged/checkpoint_{step:06d}"
             assert fs.cat_file(f"{path}/shard_1.txt") == f"step{step}".encode()
             assert fs.cat_file(f"{path}/shard_0.txt") == f"step{step}".encode()
+
+
+# Rank 1 of attempt 0: stages one report whose upload never finishes, then is SIGKILLed.
+_REPORT_AND_DIE = """
+import os, queue, signal, tempfile, threading
+import fsspec
+import trainlib
+from trainlib._internal.execution.session import WorkerSession
+from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
+from trainlib._internal.storage.run_storage import RunStorage
+
+storage = RunStorage(fsspec.filesystem("memory"), "/bucket/runs", os.environ["RUN_NAME"])
+session = WorkerSession(WorkerInfo(1, 2, 1, 2, 0), AttemptSpec(0, storage, None, 1), queue.Queue())
+session.storage._upload_file = lambda local_file, dest: threading.Event().wait()  # stays staged
+folder = tempfile.mkdtemp()
+open(os.path.join(folder, "shard_1.txt"), "w").write("step1")
+session.report({"step": 1}, checkpoint=trainlib.Checkpoint.from_directory(folder))
+print(os.getpid(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_rank_that_starts_after_another_died_leaves_its_staged_reports_to_the_driver(tmp_path, monkeypatch):
+    """Deterministic: rank 1 reports and dies before rank 0's session starts; the driver still finds its report."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # staging folders of this test only
+    name = f"late-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": REPO_ROOT, "RUN_NAME": name}
+    storage = RunStorage(fsspec.filesystem("memory"), "/bucket/runs", name)
+
+    def report_and_die() -> int:
+        dead = subprocess.run([PYTHON, "-c", _REPORT_AND_DIE], env=env, capture_output=True, text=True, timeout=60)
+        assert dead.returncode == -9, dead.stdout + dead.stderr
+        return int(dead.stdout.split()[0])
+
+    pid = report_and_die()
+    # Rank 0 of the same attempt starts now: its sweep must leave rank 1's folder to the driver.
+    late = WorkerSession(WorkerInfo(0, 2, 0, 2, 0), AttemptSpec(0, storage, None, 1), queue.Queue())
+    (message,) = staging.finish_staged_uploads(storage, 1, pid)
+    assert (message.step, message.metrics, message.manifest) == (1, {"step": 1}, {"shard_1.txt": 5})
+    assert storage.fs.cat_file(f"{storage.checkpoint_path(1)}/shard_1.txt") == b"step1"
+    late.finish()
+
+    # A dead rank's folder that the driver did not recover is swept by the next attempt's workers.
+    report_and_die()
+    assert len(glob.glob(os.path.join(tmp_path, "trainlib_stage_rank1_*"))) == 1
+    staging.make_staging_root(0, storage.run_path, 1)
+    assert glob.glob(os.path.join(tmp_path, "trainlib_stage_rank1_*")) == []

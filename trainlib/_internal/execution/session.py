@@ -71,7 +71,7 @@ class WorkerSession:
         self.preemption: Any = None  # a trainlib.PreemptionInfo once the driver sees a node of the run draining
         self.outbox = outbox
         self._uploads: queue.Queue = queue.Queue(maxsize=tunables.MAX_PENDING_UPLOADS_PER_WORKER)
-        self._staging_root = staging.make_staging_root(info.world_rank, self.storage.run_path)
+        self._staging_root = staging.make_staging_root(info.world_rank, self.storage.run_path, attempt.attempt)
         self._uploader = threading.Thread(target=self._upload_loop, name="trainlib-uploader", daemon=True)
         self._uploader.start()
 

@@ -6,11 +6,12 @@ background. Each staged step gets a small record, ``step_<n>.json``, written aft
 so a worker process that dies (OOM, SIGKILL) leaves on its node everything needed to finish
 its uploads: the driver then runs :func:`finish_staged_uploads` on that node, before it
 decides where the restart resumes (see ``RayWorkerGroup``). Staging folders of dead
-processes are swept when a worker starts.
+processes are swept when a worker starts, except those of its own attempt (see :func:`sweep`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -30,12 +31,20 @@ _PREFIX = "trainlib_stage_rank"
 _FOREIGN_SWEEP_AGE_S = 3600.0
 
 
-def make_staging_root(rank: int, run_path: str) -> str:
+@dataclasses.dataclass(frozen=True)
+class _Owner:
+    """Whose a staging folder is (its ``run.json``): the run and the attempt of the worker that made it."""
+
+    run_path: str | None = None
+    attempt: int | None = None
+
+
+def make_staging_root(rank: int, run_path: str, attempt: int) -> str:
     """A new staging folder for this worker process; sweeps those that dead workers left behind."""
-    sweep(run_path)
+    sweep(run_path, attempt)
     root = tempfile.mkdtemp(prefix=f"{_PREFIX}{rank}_pid{os.getpid()}_")
     with open(os.path.join(root, "run.json"), "w") as f:
-        json.dump({"run_path": run_path}, f)
+        json.dump(dataclasses.asdict(_Owner(run_path, attempt)), f)
     return root
 
 
@@ -64,7 +73,7 @@ def finish_staged_uploads(storage: RunStorage, rank: int, pid: int) -> list[Repo
     """On the dead worker's node: upload what worker ``pid`` (rank ``rank``) staged; return its REPORT messages."""
     messages = []
     for root in glob.glob(os.path.join(tempfile.gettempdir(), f"{_PREFIX}{rank}_pid{pid}_*")):
-        if _run_of(root) != storage.run_path:
+        if _owner_of(root).run_path != storage.run_path:
             continue
         records = []
         for record_path in glob.glob(os.path.join(root, "step_*.json")):
@@ -84,8 +93,14 @@ def finish_staged_uploads(storage: RunStorage, rank: int, pid: int) -> list[Repo
     return messages
 
 
-def sweep(run_path: str) -> None:
-    """Remove staging folders of dead worker processes: of this run at once, of others after an hour."""
+def sweep(run_path: str, attempt: int) -> None:
+    """Remove staging folders of dead worker processes: of this run's other attempts at once, of others after an hour.
+
+    A dead rank's folder of this very attempt stays: the driver may not have recovered it yet
+    (:func:`finish_staged_uploads` removes it when it has). Nothing makes the ranks start
+    together (no collective without a framework), so a rank may start after another one
+    reported and died; sweeping then deleted the dead rank's staged reports.
+    """
     for root in glob.glob(os.path.join(tempfile.gettempdir(), f"{_PREFIX}*_pid*_*")):
         try:
             pid = int(os.path.basename(root).split("_pid", 1)[1].split("_", 1)[0])
@@ -94,16 +109,18 @@ def sweep(run_path: str) -> None:
             continue
         if _alive(pid):
             continue
-        if _run_of(root) == run_path or age > _FOREIGN_SWEEP_AGE_S:
+        owner = _owner_of(root)
+        if (owner.run_path == run_path and owner.attempt != attempt) or age > _FOREIGN_SWEEP_AGE_S:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _run_of(root: str) -> str | None:
+def _owner_of(root: str) -> _Owner:
     try:
         with open(os.path.join(root, "run.json")) as f:
-            return json.load(f).get("run_path")
-    except (OSError, ValueError):
-        return None
+            record = json.load(f)
+        return _Owner(record.get("run_path"), record.get("attempt"))
+    except (OSError, ValueError, AttributeError):
+        return _Owner()
 
 
 def _alive(pid: int) -> bool:
