@@ -241,6 +241,8 @@ def test_main_command_and_a_killed_then_retried_deployment_run_share_one_registr
     assert "images/s" in progress_lines[-1] and "ETA" in progress_lines[-1]
     ray_prefixed = [line for line in out.splitlines() if "pid=" in line]
     assert len(ray_prefixed) < 60, "\n".join(ray_prefixed)  # the task logs, not a flood from every worker
+    # The Ray workers' output reached the terminal, read by the flow process (no log monitor process).
+    assert any("(train pid=" in line and "Task run 'train-" in line for line in ray_prefixed), out[-4000:]
     page = re.search(r"/runs/flow-run/([0-9a-f-]{36})", out)  # the run's page in the Prefect UI
     assert page, out[-3000:]
     assert (services["home"] / "mlflow.db").is_file() and (services["home"] / "runs").is_dir()
