@@ -25,9 +25,13 @@ from fault_train_funcs import sharded_train_func
 from conftest import REPO_ROOT
 from trainlib import DataParallelTrainer
 from trainlib._internal.execution import staging
-from trainlib._internal.execution.session import WorkerSession
+from trainlib._internal.execution.controller import Controller
+from trainlib._internal.execution.messages import CheckpointPlacement
+from trainlib._internal.execution.session import ReportOptions, WorkerSession
 from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
+from trainlib._internal.storage.run_record import RunRecord
 from trainlib._internal.storage.run_storage import RunStorage
+from trainlib.callbacks import RunInfo
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -59,12 +63,12 @@ def test_dead_workers_staged_uploads_are_finished_before_the_restart(ray_session
             assert fs.cat_file(f"{path}/shard_0.txt") == f"step{step}".encode()
 
 
-# Rank 1 of attempt 0: stages one report whose upload never finishes, then is SIGKILLed.
+# Rank 1 of attempt 0: stages one report (into $DIR_NAME if set) whose upload never finishes, then is SIGKILLed.
 _REPORT_AND_DIE = """
 import os, queue, signal, tempfile, threading
 import fsspec
 import trainlib
-from trainlib._internal.execution.session import WorkerSession
+from trainlib._internal.execution.session import WorkerSession, set_session
 from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
 from trainlib._internal.storage.run_storage import RunStorage
 
@@ -73,7 +77,9 @@ session = WorkerSession(WorkerInfo(1, 2, 1, 2, 0), AttemptSpec(0, storage, None,
 session.storage._upload_file = lambda local_file, dest: threading.Event().wait()  # stays staged
 folder = tempfile.mkdtemp()
 open(os.path.join(folder, "shard_1.txt"), "w").write("step1")
-session.report({"step": 1}, checkpoint=trainlib.Checkpoint.from_directory(folder))
+set_session(session)
+trainlib.report({"step": 1}, checkpoint=trainlib.Checkpoint.from_directory(folder),
+                checkpoint_dir_name=os.environ.get("DIR_NAME"))
 print(os.getpid(), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -104,3 +110,61 @@ def test_a_rank_that_starts_after_another_died_leaves_its_staged_reports_to_the_
     assert len(glob.glob(os.path.join(tmp_path, "trainlib_stage_rank1_*"))) == 1
     staging.make_staging_root(0, storage.run_path, 1)
     assert glob.glob(os.path.join(tmp_path, "trainlib_stage_rank1_*")) == []
+
+
+def test_a_dead_ranks_staged_report_keeps_its_checkpoint_dir_name(tmp_path, monkeypatch):
+    """Rank 1 reports into checkpoint_dir_name="my_ckpt_1" and dies with the upload staged: the driver uploads it
+    into that folder, and step 1 commits one checkpoint there with both ranks' files."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # staging folders of this test only
+    name = f"named-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": REPO_ROOT, "RUN_NAME": name, "DIR_NAME": "my_ckpt_1"}
+    storage = RunStorage(fsspec.filesystem("memory"), "/bucket/runs", name)
+    dead = subprocess.run([PYTHON, "-c", _REPORT_AND_DIE], env=env, capture_output=True, text=True, timeout=60)
+    assert dead.returncode == -9, dead.stdout + dead.stderr
+
+    # Rank 0 lives and reports the same step into the same folder.
+    outbox: queue.Queue = queue.Queue()
+    live = WorkerSession(WorkerInfo(0, 2, 0, 2, 0), AttemptSpec(0, storage, None, 1), outbox)
+    folder = tmp_path / "rank0"
+    folder.mkdir()
+    (folder / "shard_0.txt").write_text("step1")
+    live.report({"step": 1}, trainlib.Checkpoint.from_directory(str(folder)), ReportOptions(dir_name="my_ckpt_1"))
+    live_message = outbox.get(timeout=30)
+    live.finish()
+
+    (recovered,) = staging.finish_staged_uploads(storage, 1, int(dead.stdout.split()[0]))
+    assert recovered.placement == live_message.placement == CheckpointPlacement("my_ckpt_1")
+    assert storage.fs.cat_file(f"{storage.checkpoint_path(1, 'my_ckpt_1')}/shard_1.txt") == b"step1"
+    assert not storage.fs.exists(storage.checkpoint_path(1))
+
+    # The driver commits the live and the recovered report as one checkpoint, complete, in the named folder.
+    record = RunRecord(name=name, storage_path=storage.root, trainlib_version="", train_loop_config=None,
+                       scaling_config={}, checkpoint_config={}, failure_config={})
+    controller = Controller(
+        storage=storage, make_worker_group=lambda: None, checkpoint_config=trainlib.CheckpointConfig(),
+        failure_config=trainlib.FailureConfig(), callbacks=[], verbose=False,
+        run_info=RunInfo(name=name, path=storage.uri(), world_size=2, use_gpu=False, train_loop_config=None,
+                         scaling_config={}, resumed_from=None, record=record))
+    pending: dict = {}
+    for message in (live_message, recovered):
+        controller._add_report(pending, 2, message)
+    (committed,) = storage.committed_checkpoints()  # verified: every file the marker lists is there
+    assert (committed.step, committed.path) == (1, storage.checkpoint_path(1, "my_ckpt_1"))
+    marker = storage.read_json(f"{committed.path}/.trainlib_commit.json")
+    assert marker["files"] == {"shard_0.txt": 5, "shard_1.txt": 5}
+
+
+def test_a_step_record_without_a_placement_is_recovered_into_the_default_folder(tmp_path, monkeypatch):
+    """Step records written before they kept the placement: their checkpoint went to checkpoint_<step>."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    name = f"old-{uuid.uuid4().hex[:8]}"
+    storage = RunStorage(fsspec.filesystem("memory"), "/bucket/runs", name)
+    root = tmp_path / "trainlib_stage_rank1_pid4242_old"
+    (root / "step_2").mkdir(parents=True)
+    (root / "step_2" / "shard_1.txt").write_text("step2")
+    (root / "run.json").write_text(json.dumps({"run_path": storage.run_path, "attempt": 0}))
+    (root / "step_2.json").write_text(json.dumps({"step": 2, "metrics": {"step": 2}, "reported_at": 1.0,
+                                                  "manifest": None}))
+    (message,) = staging.finish_staged_uploads(storage, 1, 4242)
+    assert (message.manifest, message.placement) == ({"shard_1.txt": 5}, CheckpointPlacement("checkpoint_000002"))
+    assert storage.fs.cat_file(f"{storage.checkpoint_path(2)}/shard_1.txt") == b"step2"

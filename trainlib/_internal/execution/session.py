@@ -91,7 +91,7 @@ class WorkerSession:
         if checkpoint is not None:
             self._place_checkpoint(pending, checkpoint, options)
         if pending.staged_dir is not None:  # what the node needs to finish the upload if this process dies
-            staging.write_record(pending.staged_dir, step, clean, pending.reported_at)
+            staging.write_record(pending.staged_dir, step, clean, pending.reported_at, pending.placement)
         self.next_step += 1
         self._uploads.put(pending)
 
@@ -208,7 +208,8 @@ class WorkerSession:
                 if item.staged_dir is not None:
                     dest = self.storage.checkpoint_path(item.step, item.placement.dir_name if item.placement else None)
                     manifest = self.storage.upload_directory(item.staged_dir, dest)
-                    staging.write_record(item.staged_dir, item.step, item.metrics, item.reported_at, manifest)
+                    staging.write_record(item.staged_dir, item.step, item.metrics, item.reported_at, item.placement,
+                                         manifest)
                     shutil.rmtree(item.staged_dir, ignore_errors=True)
                 self.outbox.put(ReportMessage(rank=self.info.world_rank, step=item.step, metrics=item.metrics,
                                               manifest=manifest, reported_at=item.reported_at,

@@ -20,8 +20,9 @@ import tempfile
 import time
 from typing import Any
 
-from trainlib._internal.execution.messages import ReportMessage
+from trainlib._internal.execution.messages import CheckpointPlacement, ReportMessage
 from trainlib._internal.storage.checkpoint_files import checkpoint_files
+from trainlib._internal.storage.commits import checkpoint_dir_name
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.checkpoint import Checkpoint
 
@@ -60,12 +61,17 @@ def stage_checkpoint(checkpoint: Checkpoint, staged_dir: str) -> None:
 
 
 def write_record(staged_dir: str, step: int, metrics: dict[str, Any], reported_at: float,
-                 manifest: dict[str, int] | None = None) -> None:
-    """Record a staged step (after its files), or, with ``manifest``, that its upload is done."""
+                 placement: CheckpointPlacement | None, manifest: dict[str, int] | None = None) -> None:
+    """Record a staged step (after its files), or, with ``manifest``, that its upload is done.
+
+    ``placement`` is kept so that a recovery uploads into the folder the other ranks use for
+    this step (a ``checkpoint_dir_name``) and reports it as this rank would have.
+    """
     path = f"{staged_dir}.json"
     tmp = f"{path}.new"
     with open(tmp, "w") as f:
-        json.dump({"step": step, "metrics": metrics, "reported_at": reported_at, "manifest": manifest}, f)
+        json.dump({"step": step, "metrics": metrics, "reported_at": reported_at, "manifest": manifest,
+                   "placement": dataclasses.asdict(placement) if placement is not None else None}, f)
     os.replace(tmp, path)
 
 
@@ -85,10 +91,12 @@ def finish_staged_uploads(storage: RunStorage, rank: int, pid: int) -> list[Repo
         for record in sorted(records, key=lambda r: r["step"]):
             manifest = record["manifest"]
             staged_dir = os.path.join(root, f"step_{record['step']}")
+            placement = _placement_of(record)
             if manifest is None and os.path.isdir(staged_dir):
-                manifest = storage.upload_directory(staged_dir, storage.checkpoint_path(record["step"]))
+                manifest = storage.upload_directory(staged_dir,
+                                                    storage.checkpoint_path(record["step"], placement.dir_name))
             messages.append(ReportMessage(rank=rank, step=record["step"], metrics=record["metrics"], manifest=manifest,
-                                          reported_at=record["reported_at"]))
+                                          reported_at=record["reported_at"], placement=placement))
         shutil.rmtree(root, ignore_errors=True)
     return messages
 
@@ -112,6 +120,13 @@ def sweep(run_path: str, attempt: int) -> None:
         owner = _owner_of(root)
         if (owner.run_path == run_path and owner.attempt != attempt) or age > _FOREIGN_SWEEP_AGE_S:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _placement_of(record: dict[str, Any]) -> CheckpointPlacement:
+    """Where a step record's checkpoint goes; records written before they kept it used the default folder."""
+    if record.get("placement"):
+        return CheckpointPlacement(**record["placement"])
+    return CheckpointPlacement(checkpoint_dir_name(record["step"]))
 
 
 def _owner_of(root: str) -> _Owner:
