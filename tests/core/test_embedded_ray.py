@@ -45,8 +45,16 @@ for fit, trainer_class in ((1, trainlib.DataParallelTrainer), (2, TorchTrainer))
 node = ray._private.worker._global_node
 alive = {kind: [info.process.poll() is None for info in infos] for kind, infos in node.all_processes.items()}
 pyarrow_loaded.append("pyarrow" in sys.modules)  # and the driver's
+session_dir = node.get_session_dir_path()
+# The user shuts that Ray down; the next fit() starts another, whose workers' output reaches the driver too.
+ray.shutdown()
+results.append(trainlib.DataParallelTrainer(
+    train_func, train_loop_config={"fit": 3}, scaling_config=trainlib.ScalingConfig(num_workers=2),
+    run_config=trainlib.RunConfig(name="fit3", storage_path=sys.argv[1])).fit().metrics["fit"])
+import threading
+readers = [t.name for t in threading.enumerate() if t.name == "trainlib-worker-logs"]
 state = {"results": results, "torch_loaded": torch_loaded, "pyarrow_loaded": pyarrow_loaded,
-         "alive": alive, "session_dir": node.get_session_dir_path()}
+         "alive": alive, "session_dir": session_dir, "log_readers": len(readers)}
 print("STATE " + json.dumps(state), flush=True)
 """
 
@@ -83,7 +91,8 @@ def _session_processes(session_dir: str) -> list[str]:
 @pytest.mark.timeout(900)
 def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     out, state = _run_fresh(tmp_path, SCRIPT, "STATE ", str(tmp_path / "runs"), timeout=850)
-    assert state["results"] == [1, 2]
+    assert state["results"] == [1, 2, 3]
+    assert state["log_readers"] == 1  # the first Ray's reader stopped when the second Ray started
     # Workers import only what their trainer's backend needs: torch costs ~1-3 s of CPU per process.
     assert state["torch_loaded"] == [False, True]
     # Nor pyarrow, which Ray's serialization would import in every process (41 MB each; lazy_arrow.py):
@@ -98,7 +107,7 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     # Every worker's print reached the driver, with Ray's prefix, including the last lines of the last
     # fit (printed after its report, without a flush: read and printed at exit, before Ray shut down).
     output = out.stdout + out.stderr
-    for fit in (1, 2):
+    for fit in (1, 2, 3):
         for rank in (0, 1):
             assert f"WORKER_SAYS rank={rank} fit={fit}" in output
             assert f"WORKER_ENDS rank={rank} fit={fit}" in output

@@ -64,7 +64,7 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
     """
     import ray
 
-    global _started_here
+    global _started_here, _log_tail
     if ray.is_initialized():
         return
     address = os.environ.get("RAY_ADDRESS")
@@ -72,6 +72,9 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
         probe_ray_address(address)  # seconds, not minutes of GCS retries, when nothing listens there
         ray.init(log_to_driver=True)
         return
+    if _log_tail is not None:  # the reader of an embedded Ray that the user shut down
+        _log_tail.stop()
+        _log_tail = None
     defer_arrow_serializers()  # this driver's serialization context: no pyarrow unless the user imports it
     # address="local": without it Ray joins the last cluster started on this machine
     # (/tmp/ray/ray_current_cluster), which may be someone else's.
@@ -80,7 +83,6 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
                  _system_config={"preload_python_modules": [WORKER_SETUP_MODULE, *preload]})
     _started_here = True
     stop_unused_daemons()
-    global _log_tail
     _log_tail = start_log_tail()
     # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).
     atexit.register(shutdown_embedded_ray)
@@ -147,12 +149,14 @@ def note_fit_ended() -> None:
 
 def shutdown_embedded_ray() -> None:
     """At exit: shut down the Ray trainlib started, without Ray's fixed half-second sleep."""
+    global _log_tail
     if not started_embedded_ray():
         return
     import ray
 
     if _log_tail is not None:
         _log_tail.stop()  # reads and prints the workers' last lines now: nothing to wait for
+        _log_tail = None
     else:
         left = tunables.WORKER_LOG_FLUSH_S - (time.monotonic() - _last_fit_end)
         if _last_fit_end and left > 0:
