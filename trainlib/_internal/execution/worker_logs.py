@@ -98,12 +98,16 @@ class LogTail:
             return self._monitor.check_log_files_and_publish_updates()
 
     def _run(self) -> None:
+        warned = False
         while not self._stopped.is_set():
             try:
                 printed = self._pass()
             except Exception:  # noqa: BLE001 - as Ray's monitor, a failed pass is logged, not fatal to the run
-                logger.warning("Reading the workers' log files failed; their output may be incomplete here "
-                               "(it stays in Ray's session log folder)", exc_info=True)
+                # Once: a lasting failure would otherwise repeat it ten times a second.
+                logger.log(logging.DEBUG if warned else logging.WARNING,
+                           "Reading the workers' log files failed; their output may be incomplete here "
+                           "(it stays in Ray's session log folder)", exc_info=True)
+                warned = True
                 printed = False
             if not printed:
                 self._stopped.wait(POLL_S)

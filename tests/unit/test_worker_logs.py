@@ -1,0 +1,75 @@
+"""The driver-side reader of the workers' log files (worker_logs.py), on Ray's own LogMonitor class, without a Ray node."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from ray._private.log_monitor import LogMonitor, is_proc_alive
+
+from trainlib._internal.execution.worker_logs import LogTail
+
+
+class _Printed:
+    """Stands in for the driver's printer: what the reader hands over."""
+
+    def __init__(self) -> None:
+        self.batches: list[dict] = []
+
+    def publish_logs(self, data: dict) -> None:
+        self.batches.append(data)
+
+
+def _worker_file(logs_dir, pid: int, text: str) -> str:
+    path = os.path.join(logs_dir, f"worker-{'ab' * 28}-01000000-{pid}.out")
+    with open(path, "a") as f:
+        f.write(text)
+    return path
+
+
+def test_lines_reach_the_printer_with_the_actor_name_and_the_last_ones_on_stop(tmp_path):
+    printed = _Printed()
+    tail = LogTail(LogMonitor("127.0.0.1", str(tmp_path), printed, is_proc_alive)).start()
+    _worker_file(tmp_path, os.getpid(), ":actor_name:TrainWorker\nfirst line\n")
+    deadline = time.monotonic() + 10
+    while not printed.batches and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [batch] = printed.batches
+    assert (batch["lines"], batch["actor_name"], batch["pid"]) == (["first line"], "TrainWorker", os.getpid())
+    # Written just before stop(): read by stop()'s last pass, not lost with the thread.
+    tail._stopped.set()
+    tail._thread.join()
+    _worker_file(tmp_path, os.getpid(), "last line\n")
+    tail.stop()
+    assert [b["lines"] for b in printed.batches] == [["first line"], ["last line"]]
+
+
+class _BrokenMonitor:
+    def update_log_filenames(self) -> None:
+        raise OSError("the logs folder is gone")
+
+    def _close_all_files(self) -> None:
+        pass
+
+
+def test_a_failing_read_warns_once_and_stop_still_returns(caplog):
+    caplog.set_level(logging.DEBUG, logger="trainlib")
+    tail = LogTail(_BrokenMonitor()).start()
+    time.sleep(0.5)  # ~5 passes
+    tail.stop()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "log files failed" in r.message]
+    assert len(warnings) == 1
+    assert not tail._thread.is_alive()
+
+
+def test_the_printer_skips_other_jobs_lines_as_rays_subscriber_does():
+    from trainlib._internal.execution.worker_logs import _DriverPrinter
+
+    printer = _DriverPrinter("01000000", "10.0.0.1")
+    emitted = []
+    printer._dispatcher = type("Recorder", (), {"emit": staticmethod(emitted.append)})()
+    printer.publish_logs({"job": "02000000", "lines": ["someone else's"]})
+    printer.publish_logs({"job": "01000000", "lines": ["ours"]})
+    printer.publish_logs({"job": None, "lines": ["the raylet's"]})
+    assert [(d["lines"], d["localhost"]) for d in emitted] == [(["ours"], "10.0.0.1"), (["the raylet's"], "10.0.0.1")]
