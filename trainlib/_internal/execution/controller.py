@@ -92,6 +92,9 @@ class Controller:
         self.verbose = verbose
         self.state = RunStatus.SCHEDULING
         self.failures: list[WorkerError] = []
+        # Steps committed in the current attempt: a dead rank's recovery sends again every report it
+        # staged in it (the step records outlive their uploads), those that retention deleted too.
+        self._committed_steps: set[int] = set()
         # A resumed run continues the attempt numbering of its metrics log, so rows of the
         # earlier driver runs and of this one never share an attempt number.
         self.attempt = 1 + max((int(r.get("attempt", 0)) for r in self.metrics_rows), default=-1)
@@ -154,6 +157,7 @@ class Controller:
                 "node has (NFS) written as a file:// URL, which declares it shared: 'file:///mnt/nfs/runs'."
             )
         first_step = self.committed[-1].step + 1 if self.committed else 1
+        self._committed_steps = set()
         plan = group.start(AttemptSpec(attempt=self.attempt, storage=self.storage,
                                        checkpoint=self.latest_checkpoint(), first_step=first_step))
         world_size = len(placements)
@@ -226,11 +230,12 @@ class Controller:
 
     def _add_report(self, pending: dict[int, dict[int, ReportMessage]], world_size: int,
                     message: ReportMessage) -> None:
-        if message.step not in pending and any(c.step == message.step for c in self.committed):
-            return  # a dead rank's recovered report of a step committed already
+        if message.step not in pending and message.step in self._committed_steps:
+            return  # a dead rank's recovered report of a step committed already (and maybe deleted since)
         pending.setdefault(message.step, {})[message.rank] = message
         if len(pending[message.step]) == world_size:
             self._commit(message.step, pending.pop(message.step))
+            self._committed_steps.add(message.step)
 
     def _commit(self, step: int, ranks: dict[int, ReportMessage]) -> None:
         metrics = ranks[0].metrics
@@ -247,7 +252,10 @@ class Controller:
                 merged.update(self.storage.list_files(path))
             write_metadata(self.storage, path, self.metadata, merged)
             committed = self.storage.commit_checkpoint(step, metrics, merged, dir_name)
-            self.committed = sorted([c for c in self.committed if c.step != step] + [committed], key=lambda c: c.step)
+            # An earlier checkpoint in the same folder (a reused checkpoint_dir_name) lost its marker to this one:
+            # it is gone, and retention must not delete the folder as its.
+            self.committed = sorted([c for c in self.committed if c.step != step and c.path != committed.path]
+                                    + [committed], key=lambda c: c.step)
             warn_if_unscored(committed, self.checkpoint_config)
             checkpoint = Checkpoint(committed.path, self.storage.fs)
         row = {"step": step, "attempt": self.attempt, "time": max(r.reported_at for r in ranks.values()),

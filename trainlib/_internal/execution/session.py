@@ -71,6 +71,7 @@ class WorkerSession:
         self.preemption: Any = None  # a trainlib.PreemptionInfo once the driver sees a node of the run draining
         self.outbox = outbox
         self._uploads: queue.Queue = queue.Queue(maxsize=tunables.MAX_PENDING_UPLOADS_PER_WORKER)
+        self._dir_names: set[str] = set()  # the checkpoint_dir_names this rank copied into
         self._staging_root = staging.make_staging_root(info.world_rank, self.storage.run_path, attempt.attempt)
         self._uploader = threading.Thread(target=self._upload_loop, name="trainlib-uploader", daemon=True)
         self._uploader.start()
@@ -102,6 +103,8 @@ class WorkerSession:
             pending.placement = CheckpointPlacement(self._folder_in_run(checkpoint), in_place=True)
             return
         dir_name = options.dir_name or checkpoint_dir_name(pending.step)
+        if options.dir_name is not None:
+            self._check_new_folder(dir_name)
         pending.placement = CheckpointPlacement(dir_name, in_place=options.upload_fn is not None)
         delete = options.delete_local if options.delete_local is not None else \
             mode.default_delete_local_checkpoint_after_upload()
@@ -137,6 +140,19 @@ class WorkerSession:
             staging.stage_checkpoint(checkpoint, pending.staged_dir)
             if delete and checkpoint.is_local:
                 shutil.rmtree(checkpoint.path, ignore_errors=True)
+        if options.dir_name is not None:
+            self._dir_names.add(dir_name)
+
+    def _check_new_folder(self, dir_name: str) -> None:
+        """Refuse a checkpoint_dir_name used before: copying into a committed checkpoint's folder overwrites its
+        files under its marker (a crash mid-copy leaves the old marker over new files, which verify when the sizes
+        match), and retention deleted the folder as the older checkpoint's. This rank's earlier names are refused
+        at once, before the driver has committed them; names of earlier attempts or runs by their marker."""
+        if dir_name in self._dir_names or self.storage.holds_commit(self.storage.join(dir_name)):
+            raise ValueError(
+                f"trainlib.report(checkpoint_dir_name={dir_name!r}): that folder already holds a checkpoint of an "
+                "earlier report, which copying into it would overwrite. Give each report its own folder name, e.g. "
+                f"f\"{dir_name}_{{epoch}}\" (as in Ray Train, the name must be unique per report).")
 
     def _folder_in_run(self, checkpoint: Checkpoint) -> str:
         """The name of ``checkpoint``'s folder, which must be a folder of the run's folder in run storage."""

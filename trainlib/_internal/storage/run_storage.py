@@ -153,6 +153,15 @@ class RunStorage:
         self.write_bytes_atomic(posixpath.join(path, COMMIT_MARKER), metric_values.dumps(marker, indent=1).encode())
         return CommittedCheckpoint(step=step, path=path, metrics=metrics, committed_at=now)
 
+    def holds_commit(self, path: str) -> bool:
+        """Whether the folder ``path`` holds a commit marker: a committed checkpoint is there."""
+        marker = posixpath.join(path, COMMIT_MARKER)
+
+        def exists() -> bool:
+            self.fs.invalidate_cache(path)
+            return self.fs.exists(marker)
+        return with_retries(f"reading {self.uri(marker)}", exists)
+
     def delete_checkpoint(self, path: str) -> None:
         """Delete a checkpoint: marker first, so a crash mid-delete never leaves a valid-looking part."""
         marker = posixpath.join(path, COMMIT_MARKER)
