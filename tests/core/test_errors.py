@@ -12,27 +12,17 @@ import torch
 
 import trainlib
 import trainlib.torch as trainlib_torch
+from error_train_funcs import failing_train_func
+from trainlib import DataParallelTrainer
 from trainlib.torch import TorchTrainer
 
 
 def _trainer(func, storage_path, config=None, **scaling):
-    return TorchTrainer(func, train_loop_config=config,
-                        scaling_config=trainlib.ScalingConfig(**{"num_workers": 2, **scaling}),
-                        run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False))
-
-
-def failing_train_func(config):
-    rank = trainlib.get_context().get_world_rank()
-    with open(os.path.join(config["pid_dir"], f"rank{rank}.pid"), "w") as f:
-        f.write(str(os.getpid()))
-    trainlib.report({"step": 0})
-    if rank == 1:
-        raise_deep_inside(config["message"])
-    time.sleep(600)  # rank 0 would wait "forever": the driver must stop it
-
-
-def raise_deep_inside(message):
-    raise ValueError(message)
+    # DataParallelTrainer: workers without torch (the suite's CPU budget). Their training functions live in
+    # error_train_funcs.py: this module imports torch, and the workers would import it with them.
+    return DataParallelTrainer(func, train_loop_config=config,
+                               scaling_config=trainlib.ScalingConfig(**{"num_workers": 2, **scaling}),
+                               run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False))
 
 
 def test_fit_raises_with_the_failing_rank_and_its_traceback_and_stops_the_others(ray_session, storage_path, tmp_path):
@@ -94,9 +84,9 @@ def test_resources_held_by_others_time_out_with_what_is_free(ray_session, storag
     hog = Hog.remote()
     ray.get(hog.ping.remote())
     try:
-        trainer = TorchTrainer(noop_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2,
-                                                                                       placement_timeout_s=2),
-                               run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False))
+        trainer = DataParallelTrainer(noop_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2,
+                                                                                              placement_timeout_s=2),
+                                      run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False))
         with pytest.raises(trainlib.ResourcesUnavailableError, match=r"Timed out after 2s .* free"):
             trainer.fit()
     finally:

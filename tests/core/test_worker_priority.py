@@ -12,7 +12,7 @@ import threading
 import pytest
 
 import trainlib
-from trainlib.torch import TorchTrainer
+from trainlib import DataParallelTrainer
 
 
 def _can_lower_niceness() -> bool:
@@ -44,7 +44,8 @@ def priority_train_func():
 @pytest.mark.integration
 @pytest.mark.skipif(not _can_lower_niceness(), reason="lowering niceness needs root or CAP_SYS_NICE")
 def test_training_threads_run_at_the_nodes_priority(ray_session, storage_path):
-    result = TorchTrainer(
+    # DataParallelTrainer: workers without torch (the suite's CPU budget); every trainer's worker sets the priority.
+    result = DataParallelTrainer(
         priority_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
         run_config=trainlib.RunConfig(name="priority", storage_path=storage_path),
     ).fit()

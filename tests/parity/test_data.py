@@ -1,4 +1,5 @@
-"""Ray Data: TorchTrainer(datasets=..., dataset_config=DataConfig(...)) and trainlib.get_dataset_shard(name).
+"""Ray Data: TorchTrainer / DataParallelTrainer(datasets=..., dataset_config=DataConfig(...)) and
+trainlib.get_dataset_shard(name).
 
 The shards come from Ray Data's own streaming_split: each epoch every worker reads a disjoint part of the
 dataset, streamed through a bounded object store budget, so the dataset need not fit anywhere at once.
@@ -16,6 +17,7 @@ import pytest
 from ray import cloudpickle as ray_cloudpickle
 
 import trainlib
+from trainlib import DataParallelTrainer
 from trainlib.torch import TorchTrainer
 
 # Ray Data's tasks (map_batches) run in plain Ray workers, which cannot import this test folder: ship this
@@ -153,7 +155,9 @@ def test_workers_holding_every_cpu_get_a_warning_that_ray_data_has_none(ray_sess
     dataset = ray.data.range(40).materialize()  # its tasks run now, while the CPUs are free
     total = ray.cluster_resources()["CPU"]
     with caplog.at_level("WARNING", logger="trainlib"):
-        result = TorchTrainer(
+        # DataParallelTrainer: workers without torch (the suite's CPU budget); count_rows_func uses none, and this
+        # module is pickled by value, so the workers never import it (nor its torch imports).
+        result = DataParallelTrainer(
             count_rows_func, datasets={"train": dataset},
             scaling_config=trainlib.ScalingConfig(num_workers=2, resources_per_worker={"CPU": total / 2}),
             run_config=trainlib.RunConfig(name="no-cpu-for-data", storage_path=storage_path)).fit()

@@ -17,7 +17,7 @@ import pytest
 from conftest import cluster_utils_cluster
 
 import trainlib
-from trainlib.torch import TorchTrainer
+from trainlib import DataParallelTrainer
 
 pytestmark = pytest.mark.integration
 
@@ -44,10 +44,13 @@ def elastic_train_func(config):
                             checkpoint=trainlib.Checkpoint.from_directory(folder))
 
 
-def _run_in_thread(box, train_func=None, **trainer_kwargs):
+def _run_in_thread(box, train_func=None, trainer_class=None, **trainer_kwargs):
+    # DataParallelTrainer by default: workers without torch (the suite's CPU budget); resizing is the same machinery
+    # for every trainer. This module must not import torch at top level, or the workers import it anyway.
     def run():
         try:
-            box["result"] = TorchTrainer(train_func or elastic_train_func, **trainer_kwargs).fit()
+            trainer = (trainer_class or DataParallelTrainer)(train_func or elastic_train_func, **trainer_kwargs)
+            box["result"] = trainer.fit()
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             box["error"] = exc
 
@@ -64,9 +67,12 @@ def _wait_for(path, thread, timeout_s=180):
 
 
 def test_starts_with_what_fits_then_grows_when_a_node_joins(cluster, tmp_path):
+    from trainlib.torch import TorchTrainer  # here, not at the top: the other tests' workers stay without torch
+
     box = {}
     thread = _run_in_thread(
-        box, train_loop_config={"epochs": 30, "sleep_s": 0.5},
+        box, trainer_class=TorchTrainer,  # one elastic run on TorchTrainer: its gloo group re-forms at the new size
+        train_loop_config={"epochs": 30, "sleep_s": 0.5},
         scaling_config=trainlib.ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=1),
         run_config=trainlib.RunConfig(name="grow", storage_path=f"file://{tmp_path}/runs", verbose=False),
     )

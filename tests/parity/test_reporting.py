@@ -12,18 +12,20 @@ import tempfile
 import time
 
 import pytest
-import torch.distributed
 
 import trainlib
-from trainlib import CheckpointUploadMode
-from trainlib.torch import TorchTrainer
+from trainlib import CheckpointUploadMode, DataParallelTrainer
 
 
-def _trainer(func, storage_path, config=None, num_workers=2, name=None, **kwargs):
+def _trainer(func, storage_path, config=None, num_workers=2, name=None, trainer_class=DataParallelTrainer, **kwargs):
+    # DataParallelTrainer unless a test needs torch: workers without torch (the suite's CPU budget). The workers
+    # import this module to load its training functions: no torch at top level here, TorchTrainer is imported in
+    # the two tests that use it.
     run_config = kwargs.pop("run_config", None) or trainlib.RunConfig(name=name, storage_path=storage_path,
                                                                        verbose=False)
-    return TorchTrainer(func, train_loop_config=config, scaling_config=trainlib.ScalingConfig(num_workers=num_workers),
-                        run_config=run_config, **kwargs)
+    return trainer_class(func, train_loop_config=config,
+                         scaling_config=trainlib.ScalingConfig(num_workers=num_workers), run_config=run_config,
+                         **kwargs)
 
 
 # -- metric values --------------------------------------------------------------------
@@ -62,8 +64,10 @@ def tensor_metric_train_func():
 
 
 def test_a_tensor_metric_is_refused_as_ray_train_refuses_it(ray_session, storage_path):
+    from trainlib.torch import TorchTrainer
+
     with pytest.raises(trainlib.WorkerGroupError, match=r"call \.item\(\)"):
-        _trainer(tensor_metric_train_func, storage_path, num_workers=1).fit()
+        _trainer(tensor_metric_train_func, storage_path, num_workers=1, trainer_class=TorchTrainer).fit()
 
 
 # -- WorkerGroupError / ControllerError -------------------------------------------------
@@ -94,8 +98,8 @@ def test_worker_group_error_maps_the_raising_rank_to_its_exception(ray_session, 
 
 def test_controller_errors_are_training_failed_errors(ray_session, storage_path):
     with pytest.raises(trainlib.ControllerError) as info:
-        TorchTrainer(any_value_train_func, scaling_config=trainlib.ScalingConfig(num_workers=64),
-                     run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False)).fit()
+        DataParallelTrainer(any_value_train_func, scaling_config=trainlib.ScalingConfig(num_workers=64),
+                            run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False)).fit()
     assert isinstance(info.value, trainlib.ResourcesUnavailableError)
     assert isinstance(info.value, trainlib.TrainingFailedError)
     assert info.value.controller_failure is info.value
@@ -191,6 +195,8 @@ def test_checkpoint_dir_name_names_the_folder(ray_session, storage_path):
 
 
 def restarting_train_func(config):
+    import torch.distributed
+
     attempt = trainlib.get_context().get_attempt()
     seen_at_start = [r.metrics["step"] for r in trainlib.get_all_reported_checkpoints()]
     start = 0 if trainlib.get_checkpoint() is None else 2
@@ -207,7 +213,9 @@ def restarting_train_func(config):
 
 
 def test_get_all_reported_checkpoints_survives_restarts(ray_session, storage_path):
-    result = _trainer(restarting_train_func, storage_path, name="restarts",
+    from trainlib.torch import TorchTrainer  # restarting_train_func holds its ranks together with a gloo barrier
+
+    result = _trainer(restarting_train_func, storage_path, name="restarts", trainer_class=TorchTrainer,
                       run_config=trainlib.RunConfig(name="restarts", storage_path=storage_path, verbose=False,
                                                     failure_config=trainlib.FailureConfig(max_failures=1))).fit()
     assert result.metrics["attempt"] == 1

@@ -9,7 +9,7 @@ import tempfile
 import pytest
 
 import trainlib
-from trainlib.torch import TorchTrainer
+from trainlib import DataParallelTrainer
 
 SCORES = [0.5, 0.9, 0.7, 0.8, 0.1]
 
@@ -24,10 +24,11 @@ def scored_train_func(config):
 
 
 def _fit(storage_path, name, checkpoint_config, fail_at_end=False, **run_kwargs):
-    return TorchTrainer(scored_train_func, train_loop_config={"fail_at_end": fail_at_end},
-                        scaling_config=trainlib.ScalingConfig(num_workers=1),
-                        run_config=trainlib.RunConfig(name=name, storage_path=storage_path, verbose=False,
-                                                      checkpoint_config=checkpoint_config, **run_kwargs)).fit()
+    # DataParallelTrainer: workers without torch (the suite's CPU budget); retention is the same for every trainer.
+    return DataParallelTrainer(scored_train_func, train_loop_config={"fail_at_end": fail_at_end},
+                               scaling_config=trainlib.ScalingConfig(num_workers=1),
+                               run_config=trainlib.RunConfig(name=name, storage_path=storage_path, verbose=False,
+                                                             checkpoint_config=checkpoint_config, **run_kwargs)).fit()
 
 
 def _folders(path):
