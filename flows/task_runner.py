@@ -23,7 +23,7 @@ from tasks.domain.reachability import check_reachable
 from trainlib._internal.execution.embedded_ray import (
     WORKER_PRELOAD_MODULES,
     stop_unused_daemons,
-    without_dashboard_head,
+    without_unused_daemons,
 )
 from trainlib._internal.execution.worker_logs import LogTail, start_log_tail, without_log_monitor
 from trainlib._internal.util.environ import environment
@@ -70,9 +70,9 @@ def job_runtime_env() -> dict[str, Any]:
 class LocalRayTaskRunner(RayTaskRunner):
     """prefect-ray's runner on a Ray it starts on this machine, without the daemons a local run never uses.
 
-    As trainlib's embedded Ray: the dashboard head is not started (~1.7 s of ``ray.init`` on a quiet
-    2-core machine) and the autoscaler monitor is stopped once Ray is up, which saves ~230 MB and
-    ~1 s of Ray's shutdown at the end of every flow run; nor is Ray's log monitor process (~80 MB):
+    As trainlib's embedded Ray: neither the dashboard head (~1.7 s of ``ray.init`` on a quiet 2-core
+    machine) nor the autoscaler monitor is started, which saves ~230 MB and ~1 s of Ray's shutdown
+    at the end of every flow run; nor is Ray's log monitor process (~80 MB):
     a thread of the flow-run process, Ray's only driver, reads the workers' output instead.
 
     ``worker_env`` reaches the workers by inheritance: it is in this process's environment only
@@ -91,7 +91,7 @@ class LocalRayTaskRunner(RayTaskRunner):
         return type(self)(address=self.address, init_kwargs=self.init_kwargs, worker_env=self.worker_env)
 
     def __enter__(self) -> "LocalRayTaskRunner":
-        with environment(self.worker_env), without_dashboard_head(), without_log_monitor():
+        with environment(self.worker_env), without_unused_daemons(), without_log_monitor():
             super().__enter__()
         if self._owns_ray:
             stop_unused_daemons()

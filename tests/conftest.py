@@ -49,11 +49,11 @@ def start_session_ray() -> None:
     """Start the session's embedded Ray; modules that connect to a cluster of their own call it to restore it."""
     import ray
 
-    from trainlib._internal.execution.embedded_ray import stop_unused_daemons, without_dashboard_head
+    from trainlib._internal.execution.embedded_ray import stop_unused_daemons, without_unused_daemons
 
     # address="local": never join another cluster on this machine (/tmp/ray/ray_current_cluster).
     # As lean as trainlib's own embedded Ray (no dashboard head, no monitor): the suite is CPU-bound.
-    with without_dashboard_head():
+    with without_unused_daemons():
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
     stop_unused_daemons()
 
@@ -65,11 +65,11 @@ def cluster_utils_cluster(head_cpus: int, node_cpus: tuple[int, ...] = ()):
     import ray
     from ray.cluster_utils import Cluster
 
-    from trainlib._internal.execution.embedded_ray import without_dashboard_head
+    from trainlib._internal.execution.embedded_ray import without_unused_daemons
 
     was_running = ray.is_initialized()
     ray.shutdown()
-    with without_dashboard_head():  # the suite is CPU-bound; nothing here uses it
+    with without_unused_daemons():  # the suite is CPU-bound; nothing here uses them
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus, "include_dashboard": False})
     nodes = [cluster.add_node(num_cpus=cpus) for cpus in node_cpus]
     if nodes:

@@ -66,9 +66,9 @@ def test_a_failing_read_warns_once_and_stop_still_returns(caplog):
 def test_the_printer_skips_other_jobs_lines_as_rays_subscriber_does():
     from trainlib._internal.execution.worker_logs import _DriverPrinter
 
-    printer = _DriverPrinter("01000000", "10.0.0.1")
+    printer = _DriverPrinter("01000000", "10.0.0.1", ignore_prefix=False)
     emitted = []
-    printer._dispatcher = type("Recorder", (), {"emit": staticmethod(emitted.append)})()
+    printer._print = lambda data, ignore_prefix: emitted.append(data)
     printer.publish_logs({"job": "02000000", "lines": ["someone else's"]})
     printer.publish_logs({"job": "01000000", "lines": ["ours"]})
     printer.publish_logs({"job": None, "lines": ["the raylet's"]})

@@ -5,11 +5,12 @@ single-node Ray for the run (``ray.init(address="local")``). Two of the daemons
 Ray starts for it do nothing for such a run: the dashboard head (with
 ``include_dashboard=False`` it only hosts usage statistics) and the autoscaler
 monitor (a local node never scales). They cost ~230 MB of memory and, at exit,
-Ray gives each up to a second to stop, one after another. The dashboard head is
-not started at all (:func:`without_dashboard_head`): ``ray.init`` waits until it
-has imported its web stack and published its address, ~1.7 s of a 3.7 s start on
-a quiet 2-core machine (and 10 s and more under load); the monitor is stopped as
-soon as Ray is up (bench/results/overhead.md). The log monitor, a process that
+Ray gives each up to a second to stop, one after another. Neither is started
+(:func:`without_unused_daemons`): ``ray.init`` waits until the dashboard head has
+imported its web stack and published its address, ~1.7 s of a 3.7 s start on a
+quiet 2-core machine (and 10 s and more under load; bench/results/overhead.md).
+Nor does the driver import the dashboard's dependencies only to learn that they
+are installed. The log monitor, a process that
 tails the workers' log files for the drivers, is not started either: a thread of
 this driver reads them (``worker_logs.py``), and at exit prints their last lines
 before Ray shuts down, where Ray's own exit hook sleeps 0.5 s for them to arrive. Ray's
@@ -26,13 +27,14 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.lazy_arrow import defer_arrow_serializers
 from trainlib._internal.execution.ray_connect import probe_ray_address
 from trainlib._internal.execution.worker_logs import LogTail, start_log_tail, without_log_monitor
+from trainlib._internal.util.patching import replaced_attribute
 
 logger = logging.getLogger("trainlib")
 
@@ -48,8 +50,8 @@ WORKER_SETUP_MODULE = "trainlib._internal.execution.worker_setup"
 TORCH_MODULES = ("torch", "torch.distributed")
 WORKER_PRELOAD_MODULES = (*TORCH_MODULES, WORKER_MODULE)  # a Ray that runs TorchTrainer's workers
 
-# Daemons of a local head node that an embedded trainlib run never uses (Ray's process-type names);
-# the dashboard head is here for a Ray whose start without_dashboard_head() could not change.
+# Daemons of a local head node that an embedded trainlib run never uses (Ray's process-type names):
+# stopped once Ray is up, if a Ray whose start without_unused_daemons() could not change started them.
 UNUSED_DAEMONS = ("dashboard", "monitor")
 
 _started_here = False
@@ -78,7 +80,7 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
     defer_arrow_serializers()  # this driver's serialization context: no pyarrow unless the user imports it
     # address="local": without it Ray joins the last cluster started on this machine
     # (/tmp/ray/ray_current_cluster), which may be someone else's.
-    with without_dashboard_head(), without_log_monitor():
+    with without_unused_daemons(), without_log_monitor():
         ray.init(address="local", include_dashboard=False, log_to_driver=True,
                  _system_config={"preload_python_modules": [WORKER_SETUP_MODULE, *preload]})
     _started_here = True
@@ -96,35 +98,64 @@ def started_embedded_ray() -> bool:
 
 
 @contextlib.contextmanager
-def without_dashboard_head() -> Iterator[None]:
-    """Inside the block, a local Ray started with ``include_dashboard=False`` gets no dashboard head process.
+def without_unused_daemons() -> Iterator[None]:
+    """Inside the block, a local Ray node started with ``include_dashboard=False`` is started lean.
 
-    Ray starts it anyway, for usage statistics only, and ``ray.init`` polls until it is up. Ray's
-    ``Node.start_api_server`` (private) is replaced for the block; with another Ray version that lacks
-    it, or with ``include_dashboard`` true or unset, Ray starts its dashboard as usual. Not thread-safe
-    against another thread starting a Ray node in the same process (nothing in trainlib does).
+    - No dashboard head: Ray starts it anyway, for usage statistics only, and ``ray.init`` polls
+      until it is up (~1.7 s of a 3.7 s start on a quiet 2-core machine).
+    - No autoscaler monitor: a local node never scales. It was stopped once Ray was up; not
+      starting it also spares its start (a Python process importing Ray) on the critical path.
+    - Ray learns whether the dashboard's dependencies are installed (to start its agent in full
+      or "minimal" mode) without importing them in this process (~0.26 s and ~24 MB).
+
+    Ray's private ``Node.start_api_server``, ``Node.start_monitor`` and
+    ``get_dashboard_dependency_error`` are replaced for the block; with a Ray that lacks one, that
+    step is Ray's own. With ``include_dashboard`` true or unset, Ray starts its dashboard as usual.
+    Not thread-safe against another thread starting a Ray node in the same process (nothing in
+    trainlib does).
     """
     try:
+        from ray._private import utils as ray_utils
         from ray._private.node import Node
     except ImportError:
         yield
         return
-    original = getattr(Node, "start_api_server", None)
-    if original is None:
+    with replaced_attribute(Node, "start_api_server", _without_dashboard_head), \
+            replaced_attribute(Node, "start_monitor", lambda original: _no_monitor), \
+            replaced_attribute(ray_utils, "get_dashboard_dependency_error", lambda original: dashboard_dependency_error):
         yield
-        return
 
+
+def _without_dashboard_head(original: Callable[..., None]) -> Callable[..., None]:
     def start_api_server(self: Any, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
         if include_dashboard is not False:
             original(self, include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
             return
         self._webui_url = None  # what a head node has before its dashboard starts: "no dashboard"
+    return start_api_server
 
-    Node.start_api_server = start_api_server
-    try:
-        yield
-    finally:
-        Node.start_api_server = original
+
+def _no_monitor(self: Any) -> None:
+    """A local node's autoscaler monitor: not started."""
+
+
+def dashboard_dependency_error() -> ImportError | None:
+    """Ray's ``get_dashboard_dependency_error`` without the imports: whether every top-level module
+    that ``ray.dashboard.optional_deps`` imports is installed (found, not imported)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("ray.dashboard.optional_deps")
+    if spec is None or not spec.origin:
+        return ImportError("No module named 'ray.dashboard.optional_deps'")
+    with open(spec.origin) as f:
+        tree = ast.parse(f.read())
+    names = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module and not node.level]
+    for top in dict.fromkeys(name.split(".")[0] for name in names):
+        if importlib.util.find_spec(top) is None:
+            return ImportError(f"No module named {top!r}", name=top)
+    return None
 
 
 def stop_unused_daemons() -> list[str]:
@@ -150,17 +181,17 @@ def note_fit_ended() -> None:
 def shutdown_embedded_ray() -> None:
     """At exit: shut down the Ray trainlib started, without Ray's fixed half-second sleep."""
     global _log_tail
+    if _log_tail is not None:  # also after the user shut Ray down: the workers' last lines are in its files
+        _log_tail.stop()  # reads and prints them now: nothing to wait for
+        _log_tail = None
+    elif started_embedded_ray():  # Ray's log monitor delivers them: give it what is left of Ray's half second
+        left = tunables.WORKER_LOG_FLUSH_S - (time.monotonic() - _last_fit_end)
+        if _last_fit_end and left > 0:
+            time.sleep(left)
     if not started_embedded_ray():
         return
     import ray
 
-    if _log_tail is not None:
-        _log_tail.stop()  # reads and prints the workers' last lines now: nothing to wait for
-        _log_tail = None
-    else:
-        left = tunables.WORKER_LOG_FLUSH_S - (time.monotonic() - _last_fit_end)
-        if _last_fit_end and left > 0:
-            time.sleep(left)
     try:
         ray.shutdown()
     except Exception as exc:  # noqa: BLE001 - exiting anyway; Ray's own hook and reaper clean up

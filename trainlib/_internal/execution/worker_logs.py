@@ -20,6 +20,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from trainlib._internal.util.patching import replaced_attribute
+
 logger = logging.getLogger("trainlib")
 
 POLL_S = 0.1  # as Ray's log monitor: how long to wait after a pass that found no new line
@@ -36,44 +38,42 @@ def without_log_monitor() -> Iterator[None]:
     starting a Ray node in the same process (nothing in trainlib does).
     """
     global _skipped
+    _skipped = False
     try:
         from ray._private.log_monitor import LogMonitor  # noqa: F401 - the reader start_log_tail needs
         from ray._private.node import Node
     except ImportError:
         yield
         return
-    original = getattr(Node, "start_log_monitor", None)
-    if original is None:
+    with replaced_attribute(Node, "start_log_monitor", lambda original: _skip_log_monitor):
         yield
-        return
 
-    def start_log_monitor(self: Any) -> None:
-        global _skipped
-        _skipped = True
 
-    _skipped = False
-    Node.start_log_monitor = start_log_monitor
-    try:
-        yield
-    finally:
-        Node.start_log_monitor = original
+def _skip_log_monitor(self: Any) -> None:
+    global _skipped
+    _skipped = True
 
 
 class _DriverPrinter:
-    """What Ray's ``LogMonitor`` publishes to: this driver's printer, as Ray's own log subscriber hands it batches."""
+    """What Ray's ``LogMonitor`` publishes to: Ray's own printer of worker output, called here.
 
-    def __init__(self, job_id_hex: str, localhost: str):
-        import ray._private.worker as ray_worker
+    Called directly rather than through the driver's dispatcher, whose printer Ray removes at
+    ``ray.shutdown()``: lines a worker wrote just before the user shuts Ray down are still printed.
+    """
 
-        self._dispatcher = ray_worker.global_worker_stdstream_dispatcher
+    def __init__(self, job_id_hex: str, localhost: str, ignore_prefix: bool):
+        from ray._private.worker import print_to_stdstream
+
+        self._print = print_to_stdstream
         self._job_id_hex = job_id_hex
         self._localhost = localhost
+        self._ignore_prefix = ignore_prefix
 
     def publish_logs(self, data: dict[str, Any]) -> None:
         if data.get("job") and data["job"] != self._job_id_hex:
             return  # another driver's workers (none in an embedded Ray): Ray's subscriber skips them too
         data["localhost"] = self._localhost
-        self._dispatcher.emit(data)
+        self._print(data, ignore_prefix=self._ignore_prefix)
 
 
 class LogTail:
@@ -138,6 +138,8 @@ def start_log_tail() -> LogTail | None:
     # reach the user's console.
     logging.getLogger(LogMonitor.__module__).setLevel(logging.WARNING)
     node = ray_worker._global_node
-    printer = _DriverPrinter(ray.get_runtime_context().get_job_id(), services.get_node_ip_address())
+    # As Ray's own printer: no "(name pid=...)" prefix when the job's logging config or the user asks so.
+    ignore_prefix = getattr(ray_worker, "_should_ignore_worker_log_prefix", lambda worker: False)(ray_worker.global_worker)
+    printer = _DriverPrinter(ray.get_runtime_context().get_job_id(), services.get_node_ip_address(), ignore_prefix)
     monitor = LogMonitor(node.node_ip_address, node.get_logs_dir_path(), printer, is_proc_alive)
     return LogTail(monitor).start()
