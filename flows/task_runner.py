@@ -91,18 +91,20 @@ class LocalRayTaskRunner(RayTaskRunner):
         return type(self)(address=self.address, init_kwargs=self.init_kwargs, worker_env=self.worker_env)
 
     def __enter__(self) -> "LocalRayTaskRunner":
-        with environment(self.worker_env), without_unused_daemons(), without_log_monitor():
+        with environment(self.worker_env), without_unused_daemons(), without_log_monitor() as log_monitor:
             super().__enter__()
         if self._owns_ray:
             stop_unused_daemons()
-            self._log_tail = start_log_tail()
+            self._log_tail = start_log_tail(log_monitor)
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        if self._log_tail is not None:
-            self._log_tail.stop()  # the workers' last lines, before Ray shuts down
-            self._log_tail = None
-        super().__exit__(*exc_info)
+        try:
+            if self._log_tail is not None:
+                self._log_tail.stop()  # the workers' last lines, before Ray shuts down
+                self._log_tail = None
+        finally:
+            super().__exit__(*exc_info)
 
     @property
     def workers_have_env(self) -> bool:

@@ -15,15 +15,13 @@ import fsspec
 import pytest
 
 import trainlib
+from fault_helpers import bare_controller
 from trainlib._internal.execution import staging
-from trainlib._internal.execution.controller import Controller
 from trainlib._internal.execution.messages import ReportMessage
 from trainlib._internal.execution.session import ReportOptions, WorkerSession
 from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
 from trainlib._internal.storage.commits import COMMIT_MARKER
-from trainlib._internal.storage.run_record import RunRecord
 from trainlib._internal.storage.run_storage import RunStorage
-from trainlib.callbacks import RunInfo
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -32,17 +30,6 @@ pytestmark = [pytest.mark.timeout(60)]
 def storage(tmp_path, monkeypatch) -> RunStorage:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # staging folders of this test only
     return RunStorage(fsspec.filesystem("memory"), "/bucket/runs", f"paths-{uuid.uuid4().hex[:8]}")
-
-
-def _controller(storage: RunStorage, world_size: int, num_to_keep: int | None = None) -> Controller:
-    record = RunRecord(name=storage.name, storage_path=storage.root, trainlib_version="", train_loop_config=None,
-                       scaling_config={}, checkpoint_config={}, failure_config={})
-    return Controller(
-        storage=storage, make_worker_group=lambda: None,
-        checkpoint_config=trainlib.CheckpointConfig(num_to_keep=num_to_keep),
-        failure_config=trainlib.FailureConfig(), callbacks=[], verbose=False,
-        run_info=RunInfo(name=storage.name, path=storage.uri(), world_size=world_size, use_gpu=False,
-                         train_loop_config=None, scaling_config={}, resumed_from=None, record=record))
 
 
 def _session(storage: RunStorage, rank: int, world_size: int, outbox: queue.Queue) -> WorkerSession:
@@ -62,8 +49,9 @@ def test_a_dead_ranks_recovery_never_commits_again_a_step_that_retention_deleted
     second time (a marker in a deleted folder, duplicate metrics rows and callbacks)."""
     outboxes = [queue.Queue(), queue.Queue()]
     sessions = [_session(storage, rank, 2, outboxes[rank]) for rank in range(2)]
-    controller = _controller(storage, 2, num_to_keep=1)
+    controller = bare_controller(storage, 2, num_to_keep=1)
     pending: dict = {}
+    committed_steps: set = set()
     for step in (1, 2, 3):
         for session in sessions:
             _report(session, tmp_path, step)
@@ -71,14 +59,14 @@ def test_a_dead_ranks_recovery_never_commits_again_a_step_that_retention_deleted
         assert session.wait_uploads(30)
     for outbox in outboxes:
         while not outbox.empty():
-            controller._add_report(pending, 2, outbox.get())
+            controller._add_report(pending, committed_steps, 2, outbox.get())
     assert [c.step for c in controller.committed] == [3]
 
     # Both processes die now; the driver recovers each rank's staging folder on the node (wait(), then flush()).
-    recovered = [m for rank in range(2) for m in staging.finish_staged_uploads(storage, rank, os.getpid())]
+    recovered = [m for rank in range(2) for m in staging.finish_staged_uploads(storage, rank, os.getpid(), 0)]
     assert sorted(m.step for m in recovered) == [1, 1, 2, 2, 3, 3]  # the records were kept after each upload
     for message in recovered:
-        controller._add_report(pending, 2, message)
+        controller._add_report(pending, committed_steps, 2, message)
 
     assert [c.step for c in controller.committed] == [3]
     assert [row["step"] for row in controller.metrics_rows] == [1, 2, 3]
@@ -93,11 +81,11 @@ def test_a_reused_checkpoint_dir_name_is_refused_before_it_overwrites_the_commit
     equal sizes verify): report() refuses the name and the committed checkpoint stays whole."""
     outbox: queue.Queue = queue.Queue()
     session = _session(storage, 0, 1, outbox)
-    controller = _controller(storage, 1)
+    controller = bare_controller(storage, 1)
     _report(session, tmp_path, 1, dir_name="latest")
     with pytest.raises(ValueError, match="latest"):  # at once, whether or not the driver committed step 1 yet
         _report(session, tmp_path, 2, dir_name="latest")
-    controller._add_report({}, 1, outbox.get(timeout=30))
+    controller._add_report({}, set(), 1, outbox.get(timeout=30))
     assert session.wait_uploads(30)
     assert outbox.empty()
     # A later attempt (a fresh session) knows the name by the committed checkpoint's marker.
@@ -114,13 +102,13 @@ def test_a_reused_checkpoint_dir_name_is_refused_before_it_overwrites_the_commit
 def test_retention_never_deletes_the_folder_that_a_later_step_was_committed_into(storage):
     """NO_UPLOAD (or an upload function) puts step 2 in place into "latest", the folder of committed step 1: the
     commit replaces step 1's marker, so step 1 is gone, and num_to_keep=1 must not delete "latest" as step 1's."""
-    controller = _controller(storage, 1, num_to_keep=1)
+    controller = bare_controller(storage, 1, num_to_keep=1)
     path = storage.checkpoint_path(1, "latest")
     from trainlib._internal.execution.messages import CheckpointPlacement
 
     for step in (1, 2):
         storage.fs.pipe_file(f"{path}/model.txt", f"step{step}".encode())
-        controller._add_report({}, 1, ReportMessage(rank=0, step=step, metrics={"step": step}, manifest={},
+        controller._add_report({}, set(), 1, ReportMessage(rank=0, step=step, metrics={"step": step}, manifest={},
                                                     reported_at=float(step),
                                                     placement=CheckpointPlacement("latest", in_place=True)))
     assert [(c.step, c.path) for c in controller.committed] == [(2, path)]

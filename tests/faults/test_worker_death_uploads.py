@@ -20,18 +20,15 @@ import fsspec
 import pytest
 
 import trainlib
-from fault_helpers import PYTHON, MotoS3
+from fault_helpers import PYTHON, MotoS3, bare_controller
 from fault_train_funcs import sharded_train_func
 from conftest import REPO_ROOT
 from trainlib import DataParallelTrainer
 from trainlib._internal.execution import staging
-from trainlib._internal.execution.controller import Controller
 from trainlib._internal.execution.messages import CheckpointPlacement
 from trainlib._internal.execution.session import ReportOptions, WorkerSession
 from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
-from trainlib._internal.storage.run_record import RunRecord
 from trainlib._internal.storage.run_storage import RunStorage
-from trainlib.callbacks import RunInfo
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -100,7 +97,7 @@ def test_a_rank_that_starts_after_another_died_leaves_its_staged_reports_to_the_
     pid = report_and_die()
     # Rank 0 of the same attempt starts now: its sweep must leave rank 1's folder to the driver.
     late = WorkerSession(WorkerInfo(0, 2, 0, 2, 0), AttemptSpec(0, storage, None, 1), queue.Queue())
-    (message,) = staging.finish_staged_uploads(storage, 1, pid)
+    (message,) = staging.finish_staged_uploads(storage, 1, pid, 0)
     assert (message.step, message.metrics, message.manifest) == (1, {"step": 1}, {"shard_1.txt": 5})
     assert storage.fs.cat_file(f"{storage.checkpoint_path(1)}/shard_1.txt") == b"step1"
     late.finish()
@@ -132,39 +129,18 @@ def test_a_dead_ranks_staged_report_keeps_its_checkpoint_dir_name(tmp_path, monk
     live_message = outbox.get(timeout=30)
     live.finish()
 
-    (recovered,) = staging.finish_staged_uploads(storage, 1, int(dead.stdout.split()[0]))
+    (recovered,) = staging.finish_staged_uploads(storage, 1, int(dead.stdout.split()[0]), 0)
     assert recovered.placement == live_message.placement == CheckpointPlacement("my_ckpt_1")
     assert storage.fs.cat_file(f"{storage.checkpoint_path(1, 'my_ckpt_1')}/shard_1.txt") == b"step1"
     assert not storage.fs.exists(storage.checkpoint_path(1))
 
     # The driver commits the live and the recovered report as one checkpoint, complete, in the named folder.
-    record = RunRecord(name=name, storage_path=storage.root, trainlib_version="", train_loop_config=None,
-                       scaling_config={}, checkpoint_config={}, failure_config={})
-    controller = Controller(
-        storage=storage, make_worker_group=lambda: None, checkpoint_config=trainlib.CheckpointConfig(),
-        failure_config=trainlib.FailureConfig(), callbacks=[], verbose=False,
-        run_info=RunInfo(name=name, path=storage.uri(), world_size=2, use_gpu=False, train_loop_config=None,
-                         scaling_config={}, resumed_from=None, record=record))
+    controller = bare_controller(storage, 2)
     pending: dict = {}
     for message in (live_message, recovered):
-        controller._add_report(pending, 2, message)
+        controller._add_report(pending, set(), 2, message)
     (committed,) = storage.committed_checkpoints()  # verified: every file the marker lists is there
     assert (committed.step, committed.path) == (1, storage.checkpoint_path(1, "my_ckpt_1"))
     marker = storage.read_json(f"{committed.path}/.trainlib_commit.json")
     assert marker["files"] == {"shard_0.txt": 5, "shard_1.txt": 5}
 
-
-def test_a_step_record_without_a_placement_is_recovered_into_the_default_folder(tmp_path, monkeypatch):
-    """Step records written before they kept the placement: their checkpoint went to checkpoint_<step>."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    name = f"old-{uuid.uuid4().hex[:8]}"
-    storage = RunStorage(fsspec.filesystem("memory"), "/bucket/runs", name)
-    root = tmp_path / "trainlib_stage_rank1_pid4242_old"
-    (root / "step_2").mkdir(parents=True)
-    (root / "step_2" / "shard_1.txt").write_text("step2")
-    (root / "run.json").write_text(json.dumps({"run_path": storage.run_path, "attempt": 0}))
-    (root / "step_2.json").write_text(json.dumps({"step": 2, "metrics": {"step": 2}, "reported_at": 1.0,
-                                                  "manifest": None}))
-    (message,) = staging.finish_staged_uploads(storage, 1, 4242)
-    assert (message.manifest, message.placement) == ({"shard_1.txt": 5}, CheckpointPlacement("checkpoint_000002"))
-    assert storage.fs.cat_file(f"{storage.checkpoint_path(2)}/shard_1.txt") == b"step2"

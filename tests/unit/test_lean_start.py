@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
+import os
+import subprocess
 import sys
+
+from conftest import REPO_ROOT
 
 from trainlib._internal.execution import embedded_ray
 
@@ -11,9 +16,13 @@ from trainlib._internal.execution import embedded_ray
 def test_the_dashboard_dependency_check_agrees_with_rays_without_importing_them():
     from ray._private.utils import get_dashboard_dependency_error
 
-    assert embedded_ray.dashboard_dependency_error() is None
-    if "aiohttp" not in sys.modules:  # this process did not import them yet: the check must not either
-        assert embedded_ray.dashboard_dependency_error() is None and "aiohttp" not in sys.modules
+    # In a fresh process: nothing imported it before, so what is imported after the check, the check did.
+    probe = ("import sys; from trainlib._internal.execution.embedded_ray import dashboard_dependency_error as c; "
+             "print(c(), sorted(m for m in ('aiohttp', 'opentelemetry', 'grpc', 'prometheus_client', 'pydantic') "
+             "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    assert out.stdout.split() == ["None", "[]"], out.stdout + out.stderr
     assert get_dashboard_dependency_error() is None  # Ray's own check (it imports them) says the same
 
 
@@ -23,6 +32,15 @@ def test_a_missing_dashboard_dependency_is_named(monkeypatch):
                         lambda name, *a: None if name == "prometheus_client" else real_find_spec(name, *a))
     error = embedded_ray.dashboard_dependency_error()
     assert isinstance(error, ImportError) and error.name == "prometheus_client"
+
+
+def test_a_missing_submodule_of_a_namespace_package_is_named(monkeypatch):
+    # opentelemetry is a namespace package: its exporter is a distribution of its own, which may be missing.
+    real_find_spec = importlib.machinery.PathFinder.find_spec
+    monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec",
+                        lambda name, path=None, *a: None if name == "prometheus" else real_find_spec(name, path, *a))
+    error = embedded_ray.dashboard_dependency_error()
+    assert isinstance(error, ImportError) and error.name == "opentelemetry.exporter.prometheus"
 
 
 def test_rays_start_steps_are_replaced_only_inside_the_block():

@@ -46,7 +46,11 @@ def test_lines_reach_the_printer_with_the_actor_name_and_the_last_ones_on_stop(t
 
 
 class _BrokenMonitor:
+    def __init__(self) -> None:
+        self.passes = 0
+
     def update_log_filenames(self) -> None:
+        self.passes += 1
         raise OSError("the logs folder is gone")
 
     def _close_all_files(self) -> None:
@@ -55,12 +59,39 @@ class _BrokenMonitor:
 
 def test_a_failing_read_warns_once_and_stop_still_returns(caplog):
     caplog.set_level(logging.DEBUG, logger="trainlib")
-    tail = LogTail(_BrokenMonitor()).start()
-    time.sleep(0.5)  # ~5 passes
+    monitor = _BrokenMonitor()
+    tail = LogTail(monitor).start()
+    deadline = time.monotonic() + 10
+    while monitor.passes < 3 and time.monotonic() < deadline:  # the thread failed at least three times
+        time.sleep(0.05)
     tail.stop()
+    assert monitor.passes >= 3
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "log files failed" in r.message]
     assert len(warnings) == 1
     assert not tail._thread.is_alive()
+
+
+class _EndlessMonitor:
+    """A node whose workers never stop printing: every pass finds new lines."""
+
+    def update_log_filenames(self) -> None:
+        pass
+
+    def open_closed_files(self) -> None:
+        pass
+
+    def check_log_files_and_publish_updates(self) -> bool:
+        return True
+
+    def _close_all_files(self) -> None:
+        pass
+
+
+def test_stop_reads_the_last_lines_for_a_bounded_time_when_workers_keep_printing():
+    tail = LogTail(_EndlessMonitor()).start()
+    started = time.monotonic()
+    tail.stop()
+    assert time.monotonic() - started < 10  # WORKER_LOG_FLUSH_S (0.5 s) of last passes, then the exit goes on
 
 
 def test_the_printer_skips_other_jobs_lines_as_rays_subscriber_does():

@@ -92,9 +92,6 @@ class Controller:
         self.verbose = verbose
         self.state = RunStatus.SCHEDULING
         self.failures: list[WorkerError] = []
-        # Steps committed in the current attempt: a dead rank's recovery sends again every report it
-        # staged in it (the step records outlive their uploads), those that retention deleted too.
-        self._committed_steps: set[int] = set()
         # A resumed run continues the attempt numbering of its metrics log, so rows of the
         # earlier driver runs and of this one never share an attempt number.
         self.attempt = 1 + max((int(r.get("attempt", 0)) for r in self.metrics_rows), default=-1)
@@ -157,7 +154,6 @@ class Controller:
                 "node has (NFS) written as a file:// URL, which declares it shared: 'file:///mnt/nfs/runs'."
             )
         first_step = self.committed[-1].step + 1 if self.committed else 1
-        self._committed_steps = set()
         plan = group.start(AttemptSpec(attempt=self.attempt, storage=self.storage,
                                        checkpoint=self.latest_checkpoint(), first_step=first_step))
         world_size = len(placements)
@@ -167,6 +163,9 @@ class Controller:
 
     def _collect(self, group: WorkerGroup, world_size: int, plan: Any) -> WorkerError | None:
         pending: dict[int, dict[int, ReportMessage]] = {}
+        # Steps committed in this attempt: a dead rank's recovery sends again every report it staged in it
+        # (the step records outlive their uploads), those that retention deleted since too.
+        committed_steps: set[int] = set()
         done: set[int] = set()
         first_done_at: float | None = None
         warned = False
@@ -189,7 +188,7 @@ class Controller:
                 timeout = poll if timeout is None else min(timeout, poll)
             for message in group.wait(timeout):
                 if isinstance(message, ReportMessage):
-                    self._add_report(pending, world_size, message)
+                    self._add_report(pending, committed_steps, world_size, message)
                 elif isinstance(message, DoneMessage):
                     done.add(message.rank)
                     first_done_at = first_done_at or time.monotonic()
@@ -198,7 +197,7 @@ class Controller:
                     # Reports that every rank made before the failure are not lost.
                     for late in group.flush(tunables.FLUSH_AFTER_FAILURE_S):
                         if isinstance(late, ReportMessage):
-                            self._add_report(pending, world_size, late)
+                            self._add_report(pending, committed_steps, world_size, late)
                         elif isinstance(late, FailedMessage):
                             failures.append(worker_error(late, plan))
                     self.last_failures = failures
@@ -228,14 +227,14 @@ class Controller:
         return min(self.watcher.poll_interval() or tunables.PREEMPTION_POLL_INTERVAL_S,
                    growth if growth is not None else float("inf"))
 
-    def _add_report(self, pending: dict[int, dict[int, ReportMessage]], world_size: int,
+    def _add_report(self, pending: dict[int, dict[int, ReportMessage]], committed_steps: set[int], world_size: int,
                     message: ReportMessage) -> None:
-        if message.step not in pending and message.step in self._committed_steps:
+        if message.step not in pending and message.step in committed_steps:
             return  # a dead rank's recovered report of a step committed already (and maybe deleted since)
         pending.setdefault(message.step, {})[message.rank] = message
         if len(pending[message.step]) == world_size:
             self._commit(message.step, pending.pop(message.step))
-            self._committed_steps.add(message.step)
+            committed_steps.add(message.step)
 
     def _commit(self, step: int, ranks: dict[int, ReportMessage]) -> None:
         metrics = ranks[0].metrics

@@ -69,25 +69,25 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
     global _started_here, _log_tail
     if ray.is_initialized():
         return
+    if _log_tail is not None:  # the reader of an embedded Ray that the user shut down
+        _log_tail.stop()
+        _log_tail = None
     address = os.environ.get("RAY_ADDRESS")
     if address:
         probe_ray_address(address)  # seconds, not minutes of GCS retries, when nothing listens there
         ray.init(log_to_driver=True)
         return
-    if _log_tail is not None:  # the reader of an embedded Ray that the user shut down
-        _log_tail.stop()
-        _log_tail = None
     defer_arrow_serializers()  # this driver's serialization context: no pyarrow unless the user imports it
     # address="local": without it Ray joins the last cluster started on this machine
     # (/tmp/ray/ray_current_cluster), which may be someone else's.
-    with without_unused_daemons(), without_log_monitor():
+    with without_unused_daemons(), without_log_monitor() as log_monitor:
         ray.init(address="local", include_dashboard=False, log_to_driver=True,
                  _system_config={"preload_python_modules": [WORKER_SETUP_MODULE, *preload]})
     _started_here = True
-    stop_unused_daemons()
-    _log_tail = start_log_tail()
     # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).
     atexit.register(shutdown_embedded_ray)
+    stop_unused_daemons()
+    _log_tail = start_log_tail(log_monitor)
 
 
 def started_embedded_ray() -> bool:
@@ -140,8 +140,9 @@ def _no_monitor(self: Any) -> None:
 
 
 def dashboard_dependency_error() -> ImportError | None:
-    """Ray's ``get_dashboard_dependency_error`` without the imports: whether every top-level module
-    that ``ray.dashboard.optional_deps`` imports is installed (found, not imported)."""
+    """Ray's ``get_dashboard_dependency_error`` without the imports: whether every module that
+    ``ray.dashboard.optional_deps`` imports is installed (found on the path, packages and submodules
+    alike, e.g. ``opentelemetry.exporter.prometheus`` in its namespace package; not imported)."""
     import ast
     import importlib.util
 
@@ -152,10 +153,25 @@ def dashboard_dependency_error() -> ImportError | None:
         tree = ast.parse(f.read())
     names = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
     names += [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module and not node.level]
-    for top in dict.fromkeys(name.split(".")[0] for name in names):
-        if importlib.util.find_spec(top) is None:
-            return ImportError(f"No module named {top!r}", name=top)
+    for name in dict.fromkeys(names):
+        if not _module_found(name):
+            return ImportError(f"No module named {name!r}", name=name)
     return None
+
+
+def _module_found(name: str) -> bool:
+    """Whether the module ``name`` (dotted or not) is on the path, found without importing it or its parents."""
+    import importlib.machinery
+    import importlib.util
+
+    top, *rest = name.split(".")
+    spec = importlib.util.find_spec(top)
+    for part in rest:
+        locations = spec.submodule_search_locations if spec is not None else None
+        if not locations:
+            return False
+        spec = importlib.machinery.PathFinder.find_spec(part, list(locations))
+    return spec is not None
 
 
 def stop_unused_daemons() -> list[str]:

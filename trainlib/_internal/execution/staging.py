@@ -22,7 +22,6 @@ from typing import Any
 
 from trainlib._internal.execution.messages import CheckpointPlacement, ReportMessage
 from trainlib._internal.storage.checkpoint_files import checkpoint_files
-from trainlib._internal.storage.commits import checkpoint_dir_name
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.checkpoint import Checkpoint
 
@@ -75,11 +74,12 @@ def write_record(staged_dir: str, step: int, metrics: dict[str, Any], reported_a
     os.replace(tmp, path)
 
 
-def finish_staged_uploads(storage: RunStorage, rank: int, pid: int) -> list[ReportMessage]:
-    """On the dead worker's node: upload what worker ``pid`` (rank ``rank``) staged; return its REPORT messages."""
+def finish_staged_uploads(storage: RunStorage, rank: int, pid: int, attempt: int) -> list[ReportMessage]:
+    """On the dead worker's node: upload what worker ``pid`` (rank ``rank``) staged in ``attempt``; return its
+    REPORT messages. A folder of another attempt (an earlier driver's, whose pid the OS reused) is not this rank's."""
     messages = []
     for root in glob.glob(os.path.join(tempfile.gettempdir(), f"{_PREFIX}{rank}_pid{pid}_*")):
-        if _owner_of(root).run_path != storage.run_path:
+        if _owner_of(root) != _Owner(storage.run_path, attempt):
             continue
         records = []
         for record_path in glob.glob(os.path.join(root, "step_*.json")):
@@ -91,10 +91,10 @@ def finish_staged_uploads(storage: RunStorage, rank: int, pid: int) -> list[Repo
         for record in sorted(records, key=lambda r: r["step"]):
             manifest = record["manifest"]
             staged_dir = os.path.join(root, f"step_{record['step']}")
-            placement = _placement_of(record)
+            placement = CheckpointPlacement(**record["placement"]) if record.get("placement") else None
             if manifest is None and os.path.isdir(staged_dir):
-                manifest = storage.upload_directory(staged_dir,
-                                                    storage.checkpoint_path(record["step"], placement.dir_name))
+                dest = storage.checkpoint_path(record["step"], placement.dir_name if placement else None)
+                manifest = storage.upload_directory(staged_dir, dest)
             messages.append(ReportMessage(rank=rank, step=record["step"], metrics=record["metrics"], manifest=manifest,
                                           reported_at=record["reported_at"], placement=placement))
         shutil.rmtree(root, ignore_errors=True)
@@ -120,13 +120,6 @@ def sweep(run_path: str, attempt: int) -> None:
         owner = _owner_of(root)
         if (owner.run_path == run_path and owner.attempt != attempt) or age > _FOREIGN_SWEEP_AGE_S:
             shutil.rmtree(root, ignore_errors=True)
-
-
-def _placement_of(record: dict[str, Any]) -> CheckpointPlacement:
-    """Where a step record's checkpoint goes; records written before they kept it used the default folder."""
-    if record.get("placement"):
-        return CheckpointPlacement(**record["placement"])
-    return CheckpointPlacement(checkpoint_dir_name(record["step"]))
 
 
 def _owner_of(root: str) -> _Owner:

@@ -52,6 +52,7 @@ class RayWorkerGroup:
         self._placements: list[Placement] = []
         self.plan: RankPlan | None = None
         self._storage: RunStorage | None = None  # of the started attempt, for recovering a dead rank's uploads
+        self._attempt = 0  # the started attempt's number: a dead rank's staging folders of it are recovered
 
     def start_actors(self) -> None:
         """Reserve the placement group (bounded wait) and start the actors; returns before they are ready."""
@@ -108,6 +109,7 @@ class RayWorkerGroup:
         self._placements = [placements[i] for i in plan.order]
         self.plan = plan
         self._storage = attempt.storage
+        self._attempt = attempt.attempt
         train_fn = self._train_fn_for_nodes()
         shards = self.data.shards_for(self._actors, [p.node_id for p in self._placements])
         refs = [
@@ -218,7 +220,7 @@ class RayWorkerGroup:
             return []  # local storage: report() wrote straight into storage, nothing was staged
         task = ray.remote(num_cpus=0, max_retries=0)(finish_staged_uploads).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(p.node_id, soft=False))
-        ref = task.remote(storage, rank, p.pid)
+        ref = task.remote(storage, rank, p.pid, self._attempt)
         try:
             messages = ray.get(ref, timeout=tunables.FLUSH_AFTER_FAILURE_S)
         except Exception as exc:  # noqa: BLE001 - node lost, or the uploads failed: the loss is stated

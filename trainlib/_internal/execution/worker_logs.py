@@ -9,49 +9,55 @@ thread, and hands its batches straight to Ray's printer: the same prefixes and d
 process fewer, and the last lines are read and printed before Ray shuts down, not after a sleep.
 
 Ray's classes are private: with a Ray that lacks them, :func:`without_log_monitor` leaves Ray's
-log monitor alone and :func:`start_log_tail` returns None.
+log monitor alone; if the reader cannot start, Ray's log monitor is started after all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+from trainlib._internal import tunables
 from trainlib._internal.util.patching import replaced_attribute
 
 logger = logging.getLogger("trainlib")
 
 POLL_S = 0.1  # as Ray's log monitor: how long to wait after a pass that found no new line
 
-_skipped = False  # the last Ray node started in this process has no log monitor
+
+@dataclasses.dataclass
+class SkippedLogMonitor:
+    """Set by :func:`without_log_monitor`: whether the node started in its block has no log monitor."""
+
+    skipped: bool = False
 
 
 @contextlib.contextmanager
-def without_log_monitor() -> Iterator[None]:
+def without_log_monitor() -> Iterator[SkippedLogMonitor]:
     """Inside the block, a local Ray node starts without its log monitor process (:func:`start_log_tail` replaces it).
 
     Ray's ``Node.start_log_monitor`` (private) is replaced for the block; with a Ray that lacks it or
     the log reader, Ray starts its log monitor as usual. Not thread-safe against another thread
     starting a Ray node in the same process (nothing in trainlib does).
     """
-    global _skipped
-    _skipped = False
+    outcome = SkippedLogMonitor()
     try:
         from ray._private.log_monitor import LogMonitor  # noqa: F401 - the reader start_log_tail needs
         from ray._private.node import Node
     except ImportError:
-        yield
+        yield outcome
         return
-    with replaced_attribute(Node, "start_log_monitor", lambda original: _skip_log_monitor):
-        yield
 
+    def skip(self: Any) -> None:
+        outcome.skipped = True
 
-def _skip_log_monitor(self: Any) -> None:
-    global _skipped
-    _skipped = True
+    with replaced_attribute(Node, "start_log_monitor", lambda original: skip):
+        yield outcome
 
 
 class _DriverPrinter:
@@ -81,7 +87,7 @@ class LogTail:
 
     def __init__(self, monitor: Any):
         self._monitor = monitor
-        self._lock = threading.Lock()  # one pass at a time: the thread's, or stop()'s last one
+        self._lock = threading.Lock()  # one pass at a time: the thread's, or stop()'s last ones
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trainlib-worker-logs", daemon=True)
 
@@ -113,33 +119,55 @@ class LogTail:
                 self._stopped.wait(POLL_S)
 
     def stop(self) -> None:
-        """Stop the thread, then print what the workers wrote since its last pass."""
+        """Stop the thread, then print what the workers wrote since its last pass (for at most
+        ``WORKER_LOG_FLUSH_S``: workers that keep printing must not hold the driver's exit)."""
         self._stopped.set()
         self._thread.join(timeout=5)
+        deadline = time.monotonic() + tunables.WORKER_LOG_FLUSH_S
         try:
-            while self._pass():  # a pass reads at most LOG_MONITOR_NUM_LINES_TO_READ lines a file
-                pass
+            while self._pass() and time.monotonic() < deadline:
+                pass  # a pass reads at most LOG_MONITOR_NUM_LINES_TO_READ lines a file
+            with self._lock:
+                self._monitor._close_all_files()
         except Exception:  # noqa: BLE001 - exiting; the lines stay in Ray's session log folder
             logger.debug("Last read of the workers' log files failed", exc_info=True)
-        with self._lock:
-            self._monitor._close_all_files()
 
 
-def start_log_tail() -> LogTail | None:
-    """With a local Ray node started under :func:`without_log_monitor` connected: start its reader here, else None."""
-    if not _skipped:
+def start_log_tail(skipped: SkippedLogMonitor) -> LogTail | None:
+    """With the node that :func:`without_log_monitor` started without its log monitor connected: read the
+    workers' output here. None when it has Ray's log monitor, or nothing prints worker output
+    (``log_to_driver=False``). If the reader cannot start (another Ray version), Ray's log monitor is
+    started after all."""
+    if not skipped.skipped:
         return None
+    from ray._private import worker as ray_worker
+
+    printing = getattr(ray_worker.global_worker, "logger_thread", None)
+    if printing is None or not printing.is_alive():  # log_to_driver=False: Ray prints nothing either
+        return None
+    try:
+        return LogTail(_monitor(ray_worker)).start()
+    except Exception:  # noqa: BLE001 - fall back to Ray's own process
+        logger.debug("The driver's reader of the workers' logs could not start; using Ray's log monitor",
+                     exc_info=True)
+        ray_worker._global_node.start_log_monitor()
+        return None
+
+
+def _monitor(ray_worker: Any) -> Any:
+    """Ray's ``LogMonitor`` over this node's log folder, printing through :class:`_DriverPrinter`."""
     import ray
     from ray._private import services
-    from ray._private import worker as ray_worker
     from ray._private.log_monitor import LogMonitor, is_proc_alive
 
     # Its INFO lines ("Beginning to track file ...") went to the daemon's own log file; here they would
     # reach the user's console.
     logging.getLogger(LogMonitor.__module__).setLevel(logging.WARNING)
     node = ray_worker._global_node
-    # As Ray's own printer: no "(name pid=...)" prefix when the job's logging config or the user asks so.
-    ignore_prefix = getattr(ray_worker, "_should_ignore_worker_log_prefix", lambda worker: False)(ray_worker.global_worker)
+    # As Ray's own printer: no "(name pid=...)" prefix when the job's logging config (or, in newer Rays,
+    # the user) asks so.
+    ignore_prefix = getattr(ray_worker, "_should_ignore_worker_log_prefix",
+                            lambda worker: getattr(worker, "job_logging_config", None) is not None)(
+        ray_worker.global_worker)
     printer = _DriverPrinter(ray.get_runtime_context().get_job_id(), services.get_node_ip_address(), ignore_prefix)
-    monitor = LogMonitor(node.node_ip_address, node.get_logs_dir_path(), printer, is_proc_alive)
-    return LogTail(monitor).start()
+    return LogMonitor(node.node_ip_address, node.get_logs_dir_path(), printer, is_proc_alive)

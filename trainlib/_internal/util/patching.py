@@ -8,8 +8,8 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def replaced_attribute(owner: Any, name: str, replacement: Callable[[Any], Any]) -> Iterator[bool]:
-    """Inside the block, ``owner.<name>`` is ``replacement(original)``; yields whether it was replaced.
+def replaced_attribute(owner: Any, name: str, replacement: Callable[[Any], Any]) -> Iterator[None]:
+    """Inside the block, ``owner.<name>`` is ``replacement(original)``.
 
     An ``owner`` without the attribute (another version of the library) is left alone, and the
     block runs with the library's own behaviour. Not thread-safe against another thread using
@@ -17,10 +17,10 @@ def replaced_attribute(owner: Any, name: str, replacement: Callable[[Any], Any])
     """
     original = getattr(owner, name, None)
     if original is None:
-        yield False
+        yield
         return
     setattr(owner, name, replacement(original))
     try:
-        yield True
+        yield
     finally:
         setattr(owner, name, original)
