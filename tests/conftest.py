@@ -45,6 +45,24 @@ def free_port(ip: str = "127.0.0.1") -> int:
             return port
 
 
+def controller_on(storage, make_worker_group=lambda: None, *, world_size: int = 2, checkpoint_config=None,
+                  failure_config=None, callbacks=None):
+    """A driver's Controller for the run in ``storage``; without a worker group, tests feed it messages directly."""
+    from trainlib._internal.execution.controller import Controller
+    from trainlib._internal.storage.run_record import RunRecord
+    from trainlib.callbacks import RunInfo
+    from trainlib.config import CheckpointConfig, FailureConfig
+
+    record = RunRecord(name=storage.name, storage_path=storage.root, trainlib_version="", train_loop_config=None,
+                       scaling_config={}, checkpoint_config={}, failure_config={})
+    info = RunInfo(name=storage.name, path=storage.uri(), world_size=world_size, use_gpu=False,
+                   train_loop_config=None, scaling_config={}, resumed_from=None, record=record)
+    return Controller(storage=storage, make_worker_group=make_worker_group,
+                      checkpoint_config=checkpoint_config or CheckpointConfig(),
+                      failure_config=failure_config or FailureConfig(), callbacks=callbacks or [], run_info=info,
+                      verbose=False)
+
+
 def start_session_ray() -> None:
     """Start the session's embedded Ray; modules that connect to a cluster of their own call it to restore it."""
     import ray

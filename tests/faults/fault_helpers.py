@@ -52,19 +52,3 @@ def start_driver(script: str, env: dict | None = None, cwd: str | None = None) -
     return subprocess.Popen([PYTHON, "-c", textwrap.dedent(script)], env=full_env, cwd=cwd or REPO_ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
-
-def bare_controller(storage, world_size: int, num_to_keep: int | None = None):
-    """A driver's Controller on ``storage`` with no worker group: for feeding it report messages directly."""
-    import trainlib
-    from trainlib._internal.execution.controller import Controller
-    from trainlib._internal.storage.run_record import RunRecord
-    from trainlib.callbacks import RunInfo
-
-    record = RunRecord(name=storage.name, storage_path=storage.root, trainlib_version="", train_loop_config=None,
-                       scaling_config={}, checkpoint_config={}, failure_config={})
-    return Controller(
-        storage=storage, make_worker_group=lambda: None,
-        checkpoint_config=trainlib.CheckpointConfig(num_to_keep=num_to_keep),
-        failure_config=trainlib.FailureConfig(), callbacks=[], verbose=False,
-        run_info=RunInfo(name=storage.name, path=storage.uri(), world_size=world_size, use_gpu=False,
-                         train_loop_config=None, scaling_config={}, resumed_from=None, record=record))

@@ -15,7 +15,7 @@ import fsspec
 import pytest
 
 import trainlib
-from fault_helpers import bare_controller
+from conftest import controller_on
 from trainlib._internal.execution import staging
 from trainlib._internal.execution.messages import ReportMessage
 from trainlib._internal.execution.session import ReportOptions, WorkerSession
@@ -49,7 +49,7 @@ def test_a_dead_ranks_recovery_never_commits_again_a_step_that_retention_deleted
     second time (a marker in a deleted folder, duplicate metrics rows and callbacks)."""
     outboxes = [queue.Queue(), queue.Queue()]
     sessions = [_session(storage, rank, 2, outboxes[rank]) for rank in range(2)]
-    controller = bare_controller(storage, 2, num_to_keep=1)
+    controller = controller_on(storage, checkpoint_config=trainlib.CheckpointConfig(num_to_keep=1))
     pending: dict = {}
     committed_steps: set = set()
     for step in (1, 2, 3):
@@ -81,7 +81,7 @@ def test_a_reused_checkpoint_dir_name_is_refused_before_it_overwrites_the_commit
     equal sizes verify): report() refuses the name and the committed checkpoint stays whole."""
     outbox: queue.Queue = queue.Queue()
     session = _session(storage, 0, 1, outbox)
-    controller = bare_controller(storage, 1)
+    controller = controller_on(storage, world_size=1)
     _report(session, tmp_path, 1, dir_name="latest")
     with pytest.raises(ValueError, match="latest"):  # at once, whether or not the driver committed step 1 yet
         _report(session, tmp_path, 2, dir_name="latest")
@@ -102,7 +102,7 @@ def test_a_reused_checkpoint_dir_name_is_refused_before_it_overwrites_the_commit
 def test_retention_never_deletes_the_folder_that_a_later_step_was_committed_into(storage):
     """NO_UPLOAD (or an upload function) puts step 2 in place into "latest", the folder of committed step 1: the
     commit replaces step 1's marker, so step 1 is gone, and num_to_keep=1 must not delete "latest" as step 1's."""
-    controller = bare_controller(storage, 1, num_to_keep=1)
+    controller = controller_on(storage, world_size=1, checkpoint_config=trainlib.CheckpointConfig(num_to_keep=1))
     path = storage.checkpoint_path(1, "latest")
     from trainlib._internal.execution.messages import CheckpointPlacement
 

@@ -20,9 +20,9 @@ import fsspec
 import pytest
 
 import trainlib
-from fault_helpers import PYTHON, MotoS3, bare_controller
+from fault_helpers import PYTHON, MotoS3
 from fault_train_funcs import sharded_train_func
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, controller_on
 from trainlib import DataParallelTrainer
 from trainlib._internal.execution import staging
 from trainlib._internal.execution.messages import CheckpointPlacement
@@ -135,7 +135,7 @@ def test_a_dead_ranks_staged_report_keeps_its_checkpoint_dir_name(tmp_path, monk
     assert not storage.fs.exists(storage.checkpoint_path(1))
 
     # The driver commits the live and the recovered report as one checkpoint, complete, in the named folder.
-    controller = bare_controller(storage, 2)
+    controller = controller_on(storage)
     pending: dict = {}
     for message in (live_message, recovered):
         controller._add_report(pending, set(), 2, message)

@@ -11,14 +11,15 @@ import time
 
 import fsspec
 import pytest
+from conftest import controller_on
 
 from trainlib._internal.execution.controller import Controller
 from trainlib._internal.execution.failures import FailurePolicy
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage
 from trainlib._internal.execution.spec import Placement
-from trainlib._internal.storage.run_record import RunRecord, RunStatus
+from trainlib._internal.storage.run_record import RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
-from trainlib.callbacks import Callback, RunInfo
+from trainlib.callbacks import Callback
 from trainlib.config import CheckpointConfig, FailureConfig
 from trainlib.errors import StorageError, TrainingFailedError
 
@@ -116,15 +117,8 @@ def make_controller(storage, attempts, *, max_failures=0, checkpoint_config=None
         made.append(group)
         return group
 
-    record = RunRecord(name="run", storage_path=storage.root, trainlib_version="", train_loop_config=None,
-                       scaling_config={}, checkpoint_config={}, failure_config={})
-    info = RunInfo(name="run", path=storage.uri(), world_size=2, use_gpu=False, train_loop_config=None,
-                   scaling_config={}, resumed_from=None, record=record)
-    controller = Controller(
-        storage=storage, make_worker_group=make_group,
-        checkpoint_config=checkpoint_config or CheckpointConfig(), failure_config=FailureConfig(max_failures),
-        callbacks=callbacks or [], run_info=info, verbose=False,
-    )
+    controller = controller_on(storage, make_group, checkpoint_config=checkpoint_config,
+                               failure_config=FailureConfig(max_failures), callbacks=callbacks)
     return controller, made
 
 

@@ -24,8 +24,9 @@ GLOO_VERDICT_READ_TIMEOUT_S = 10.0  # after the last failed try, how long rank 0
 # How long the driver waits for worker actors to start (import torch, join the group).
 WORKER_START_TIMEOUT_S = 300.0
 
-# At exit, the embedded Ray that trainlib started is shut down this long after the last fit() returned
-# at the earliest, so the workers' last log lines reach the driver (Ray's own exit hook sleeps 0.5 s).
+# How long the workers' last log lines get at exit (Ray's own exit hook sleeps 0.5 s for them): the driver's
+# log reader reads for at most this long before Ray shuts down (workers that keep printing must not hold the
+# exit); with Ray's log monitor instead, the embedded Ray is shut down this long after the last fit() returned.
 WORKER_LOG_FLUSH_S = 0.5
 
 # After one rank fails, how long the others get to finish their pending checkpoint uploads, so
