@@ -20,12 +20,7 @@ from prefect_ray import RayTaskRunner
 
 from tasks.domain.reachability import check_reachable
 # trainlib's own lean start of a local Ray; the pipeline's local Ray is started by prefect-ray.
-from trainlib._internal.execution.embedded_ray import (
-    WORKER_PRELOAD_MODULES,
-    stop_unused_daemons,
-    without_unused_daemons,
-)
-from trainlib._internal.execution.worker_logs import LogTail, start_log_tail, without_log_monitor
+from trainlib._internal.execution.embedded_ray import WORKER_PRELOAD_MODULES, LeanLocalRay, lean_local_start
 from trainlib._internal.util.environ import environment
 
 PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
@@ -85,24 +80,25 @@ class LocalRayTaskRunner(RayTaskRunner):
     def __init__(self, *args: Any, worker_env: Mapping[str, str] | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.worker_env = dict(worker_env or {})
-        self._log_tail: LogTail | None = None
+        self._local_ray: LeanLocalRay | None = None
 
     def duplicate(self) -> "LocalRayTaskRunner":
         return type(self)(address=self.address, init_kwargs=self.init_kwargs, worker_env=self.worker_env)
 
     def __enter__(self) -> "LocalRayTaskRunner":
-        with environment(self.worker_env), without_unused_daemons(), without_log_monitor() as log_monitor:
+        with environment(self.worker_env), lean_local_start() as lean:
             super().__enter__()
         if self._owns_ray:
-            stop_unused_daemons()
-            self._log_tail = start_log_tail(log_monitor)
+            self._local_ray = lean.started()
+        else:
+            lean.joined()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         try:
-            if self._log_tail is not None:
-                self._log_tail.stop()  # the workers' last lines, before Ray shuts down
-                self._log_tail = None
+            if self._local_ray is not None:
+                self._local_ray.stop()  # the workers' last lines, before Ray shuts down
+                self._local_ray = None
         finally:
             super().__exit__(*exc_info)
 

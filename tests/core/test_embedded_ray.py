@@ -44,6 +44,13 @@ for fit, trainer_class in ((1, trainlib.DataParallelTrainer), (2, TorchTrainer))
     pyarrow_loaded.append(result.metrics["pyarrow_loaded"])
 node = ray._private.worker._global_node
 alive = {kind: [info.process.poll() is None for info in infos] for kind, infos in node.all_processes.items()}
+# The ports the raylet was given for its agents (agent_ports.py), against the ones the agents wrote once they listened.
+import glob, os
+from trainlib._internal.execution import embedded_ray
+first_ray = embedded_ray._local_ray
+given = dict(first_ray.agent_ports.ports)
+written = {name: int(open(glob.glob(f"{node.get_session_dir_path()}/{name}_*")[0]).read()) for name in given}
+raylet_cmd = open(f"/proc/{node.all_processes['raylet'][0].process.pid}/cmdline").read().split("\0")
 pyarrow_loaded.append("pyarrow" in sys.modules)  # and the driver's
 session_dir = node.get_session_dir_path()
 # The user shuts that Ray down; the next fit() starts another, whose workers' output reaches the driver too.
@@ -54,7 +61,10 @@ results.append(trainlib.DataParallelTrainer(
 import threading
 readers = [t.name for t in threading.enumerate() if t.name == "trainlib-worker-logs"]
 state = {"results": results, "torch_loaded": torch_loaded, "pyarrow_loaded": pyarrow_loaded,
-         "alive": alive, "session_dir": session_dir, "log_readers": len(readers)}
+         "alive": alive, "session_dir": session_dir, "log_readers": len(readers),
+         "ports_given": given, "ports_written": written,
+         "listen_flag": [arg for arg in raylet_cmd if arg.startswith("--dashboard_agent_listen_port=")],
+         "first_ports_released": first_ray.agent_ports._sockets == []}
 print("STATE " + json.dumps(state), flush=True)
 """
 
@@ -113,6 +123,12 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
             assert f"WORKER_ENDS rank={rank} fit={fit}" in output
     assert re.search(r"\(TrainWorker pid=\d+\)(\x1b\[0m)? WORKER_SAYS rank=1 fit=2", output), output[-3000:]
     assert "log_monitor.py" not in output  # the reader's own INFO lines stay out of the user's console
+    # The raylet was given its agents' ports instead of waiting for each agent to pick one and write it to a
+    # file (~0.7 s before the node registers): the agents then listened on those very ports.
+    assert set(state["ports_given"]) == {"runtime_env_agent_port", "metrics_agent_port", "metrics_export_port"}
+    assert state["ports_written"] == state["ports_given"]
+    assert len(state["listen_flag"]) == 1  # the HTTP port too, which Ray itself leaves to the agent's file
+    assert state["first_ports_released"]  # the first Ray's reservation ended when the user shut it down
     # The driver's fast shutdown left nothing of the session running (bounded wait for the reaping).
     deadline = time.time() + 30
     while _session_processes(state["session_dir"]) and time.time() < deadline:

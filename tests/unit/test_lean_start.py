@@ -52,3 +52,88 @@ def test_rays_start_steps_are_replaced_only_inside_the_block():
         assert ray_utils.get_dashboard_dependency_error is embedded_ray.dashboard_dependency_error
         assert Node.start_monitor is not originals[1] and Node.start_api_server is not originals[0]
     assert (Node.start_api_server, Node.start_monitor, ray_utils.get_dashboard_dependency_error) == originals
+
+
+def test_a_reserved_agent_port_is_refused_to_others_and_open_to_an_agent_until_released():
+    import errno
+    import socket
+
+    from trainlib._internal.execution.agent_ports import ReservedAgentPorts
+
+    reserved = ReservedAgentPorts()
+    port = reserved.reserve("metrics_agent_port")
+    assert reserved.ports == {"metrics_agent_port": port}
+    # Another program binding it (no SO_REUSEADDR, as with a kernel-chosen port) is refused meanwhile...
+    other = socket.socket()
+    try:
+        other.bind(("127.0.0.1", port))
+        raise AssertionError("the reserved port was given to another socket")
+    except OSError as exc:
+        assert exc.errno == errno.EADDRINUSE
+    finally:
+        other.close()
+    # ...while an agent's server, which binds with SO_REUSEADDR, listens on it and is reachable.
+    agent = socket.socket()
+    agent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    agent.bind(("127.0.0.1", port))
+    agent.listen()
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    agent.close()
+    reserved.release()
+    free = socket.socket()
+    free.bind(("127.0.0.1", port))  # released: anyone may have it
+    free.close()
+
+
+def test_the_raylet_alone_gets_the_agents_http_port_flag_and_rays_steps_come_back_after_the_block():
+    from ray._private import services
+    from ray._private.node import Node
+
+    from trainlib._internal.execution import agent_ports
+
+    seen = []
+
+    def start(command, process_type, *args, **kwargs):
+        seen.append((process_type, command))
+
+    flags = ["--dashboard_agent_listen_port=5"]
+    agent_ports._start_with_flags(start, flags, ["raylet", "--x=1"], "raylet")
+    agent_ports._start_with_flags(start, flags, ["gcs_server"], "gcs_server")
+    agent_ports._start_with_flags(start, flags, ["raylet", "--dashboard_agent_listen_port=7"], "raylet")
+    assert seen == [("raylet", ["raylet", "--x=1", "--dashboard_agent_listen_port=5"]), ("gcs_server", ["gcs_server"]),
+                    ("raylet", ["raylet", "--dashboard_agent_listen_port=7"])]  # Ray's own value wins
+    original = (Node.start_raylet, services.start_ray_process)
+    with agent_ports.agent_ports_given_to_raylet() as reserved:
+        assert Node.start_raylet is not original[0]
+    assert (Node.start_raylet, services.start_ray_process) == original and reserved.ports == {}
+
+
+def test_ports_are_reserved_only_for_the_agents_servers_that_run(monkeypatch):
+    import types
+
+    from ray._private import services
+    from ray._private import utils as ray_utils
+    from ray._private.node import Node
+
+    from trainlib._internal.execution import agent_ports
+
+    started = []
+
+    def fake_start_raylet(self):  # stands for Ray's: starts the raylet through start_ray_process
+        services.start_ray_process(["raylet"], "raylet")
+
+    monkeypatch.setattr(Node, "start_raylet", fake_start_raylet)
+    monkeypatch.setattr(services, "start_ray_process", lambda command, process_type, *a, **k: started.append(command))
+    for dependency_error, expected in ((None, {"runtime_env_agent_port", "metrics_agent_port", "metrics_export_port"}),
+                                       (ImportError("aiohttp"), {"runtime_env_agent_port"})):
+        monkeypatch.setattr(ray_utils, "get_dashboard_dependency_error", lambda: dependency_error)
+        # Ray's defaults: every port 0 (the agent picks) but the HTTP one, which has a fixed default.
+        params = types.SimpleNamespace(runtime_env_agent_port=0, metrics_agent_port=0, metrics_export_port=None,
+                                       dashboard_agent_listen_port=52365)
+        with agent_ports.agent_ports_given_to_raylet() as reserved:
+            Node.start_raylet(types.SimpleNamespace(_ray_params=params))
+        assert set(reserved.ports) == expected
+        assert all(getattr(params, name) == port for name, port in reserved.ports.items())
+        reserved.release()
+    # A "minimal" agent (no dashboard dependencies) serves no HTTP: the raylet is not told a port for it.
+    assert started == [["raylet", "--dashboard_agent_listen_port=52365"], ["raylet"]]

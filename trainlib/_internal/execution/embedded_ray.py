@@ -15,7 +15,10 @@ tails the workers' log files for the drivers, is not started either: a thread of
 this driver reads them (``worker_logs.py``), and at exit prints their last lines
 before Ray shuts down, where Ray's own exit hook sleeps 0.5 s for them to arrive. Ray's
 serialization imports pyarrow in every process (41 MB each) unless it is told to wait for it
-(``lazy_arrow.py``): the driver and every worker of the embedded Ray are.
+(``lazy_arrow.py``): the driver and every worker of the embedded Ray are. Nor does the raylet wait
+for its agents to pick their ports before it registers the node and starts its workers: it is given
+ports reserved here (``agent_ports.py``). :func:`lean_local_start` is all of this, for
+``fit()``'s embedded Ray and the pipeline's local one.
 
 A Ray that the user initialised, or a cluster (``RAY_ADDRESS``), is never touched.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -31,9 +35,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from trainlib._internal import tunables
+from trainlib._internal.execution.agent_ports import ReservedAgentPorts, agent_ports_given_to_raylet
 from trainlib._internal.execution.lazy_arrow import defer_arrow_serializers
 from trainlib._internal.execution.ray_connect import probe_ray_address
-from trainlib._internal.execution.worker_logs import LogTail, start_log_tail, without_log_monitor
+from trainlib._internal.execution.worker_logs import LogTail, SkippedLogMonitor, start_log_tail, without_log_monitor
 from trainlib._internal.util.patching import replaced_attribute
 
 logger = logging.getLogger("trainlib")
@@ -56,7 +61,7 @@ UNUSED_DAEMONS = ("dashboard", "monitor")
 
 _started_here = False
 _last_fit_end = 0.0
-_log_tail: LogTail | None = None  # the workers' output, read here instead of by Ray's log monitor
+_local_ray: LeanLocalRay | None = None  # what the embedded Ray keeps in this process, until it is shut down
 
 
 def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
@@ -66,12 +71,12 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
     """
     import ray
 
-    global _started_here, _log_tail
+    global _started_here, _local_ray
     if ray.is_initialized():
         return
-    if _log_tail is not None:  # the reader of an embedded Ray that the user shut down
-        _log_tail.stop()
-        _log_tail = None
+    if _local_ray is not None:  # the reader and ports of an embedded Ray that the user shut down
+        _local_ray.stop()
+        _local_ray = None
     address = os.environ.get("RAY_ADDRESS")
     if address:
         probe_ray_address(address)  # seconds, not minutes of GCS retries, when nothing listens there
@@ -80,14 +85,13 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
     defer_arrow_serializers()  # this driver's serialization context: no pyarrow unless the user imports it
     # address="local": without it Ray joins the last cluster started on this machine
     # (/tmp/ray/ray_current_cluster), which may be someone else's.
-    with without_unused_daemons(), without_log_monitor() as log_monitor:
+    with lean_local_start() as lean:
         ray.init(address="local", include_dashboard=False, log_to_driver=True,
                  _system_config={"preload_python_modules": [WORKER_SETUP_MODULE, *preload]})
     _started_here = True
     # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).
     atexit.register(shutdown_embedded_ray)
-    stop_unused_daemons()
-    _log_tail = start_log_tail(log_monitor)
+    _local_ray = lean.started()
 
 
 def started_embedded_ray() -> bool:
@@ -95,6 +99,53 @@ def started_embedded_ray() -> bool:
     import ray
 
     return _started_here and ray.is_initialized()
+
+
+@dataclasses.dataclass
+class LeanLocalRay:
+    """What a lean local Ray keeps in the process that started it, until Ray is shut down."""
+
+    log_tail: LogTail | None  # the workers' output, read here instead of by Ray's log monitor
+    agent_ports: ReservedAgentPorts
+
+    def stop(self) -> None:
+        """Before (or after) Ray's shutdown: print the workers' last lines, give the agents' ports back."""
+        try:
+            if self.log_tail is not None:
+                self.log_tail.stop()
+        finally:
+            self.agent_ports.release()
+
+
+@dataclasses.dataclass
+class LeanStart:
+    """Yielded by :func:`lean_local_start`; once Ray is up, :meth:`started` finishes the lean start."""
+
+    log_monitor: SkippedLogMonitor
+    agent_ports: ReservedAgentPorts
+
+    def started(self) -> LeanLocalRay:
+        """The node started in the block is up and this process is connected to it."""
+        stop_unused_daemons()
+        return LeanLocalRay(log_tail=start_log_tail(self.log_monitor), agent_ports=self.agent_ports)
+
+    def joined(self) -> None:
+        """No node was started in the block (``ray.init`` joined a running Ray): nothing to keep."""
+        self.agent_ports.release()
+
+
+@contextlib.contextmanager
+def lean_local_start() -> Iterator[LeanStart]:
+    """Inside the block, a local Ray node is started lean: no unused daemons (:func:`without_unused_daemons`),
+    no log monitor process (``worker_logs.py``), a raylet that does not wait for its agents' ports
+    (``agent_ports.py``). After the block, call :meth:`LeanStart.started` (or ``joined``)."""
+    with without_unused_daemons(), without_log_monitor() as log_monitor, \
+            agent_ports_given_to_raylet() as agent_ports:
+        try:
+            yield LeanStart(log_monitor=log_monitor, agent_ports=agent_ports)
+        except BaseException:
+            agent_ports.release()  # the node did not come up (or half): nothing listens on them for us
+            raise
 
 
 @contextlib.contextmanager
@@ -196,10 +247,10 @@ def note_fit_ended() -> None:
 
 def shutdown_embedded_ray() -> None:
     """At exit: shut down the Ray trainlib started, without Ray's fixed half-second sleep."""
-    global _log_tail
-    if _log_tail is not None:  # also after the user shut Ray down: the workers' last lines are in its files
-        _log_tail.stop()  # reads and prints them now: nothing to wait for
-        _log_tail = None
+    global _local_ray
+    if _local_ray is not None:  # also after the user shut Ray down: the workers' last lines are in its files
+        _local_ray.stop()  # reads and prints them now: nothing to wait for
+        _local_ray = None
     elif started_embedded_ray():  # Ray's log monitor delivers them: give it what is left of Ray's half second
         left = tunables.WORKER_LOG_FLUSH_S - (time.monotonic() - _last_fit_end)
         if _last_fit_end and left > 0:
