@@ -9,6 +9,7 @@ from typing import Any
 from trainlib._internal.execution.embedded_ray import TORCH_MODULES
 from trainlib._internal.execution.spec import WorkerInfo
 from trainlib._internal.execution.worker import WorkerBackend
+from trainlib._internal.util.allocator import keep_step_allocations
 from trainlib.torch._process_group import init_process_group
 from trainlib.torch.config import TorchConfig
 
@@ -25,6 +26,8 @@ class TorchBackend(WorkerBackend):
 
         # As torchrun: one intra-op thread per CPU the worker holds, so workers don't oversubscribe.
         torch.set_num_threads(max(1, int(num_cpus)))
+        # Unlike torchrun: a step's tensors are not handed back to the kernel and faulted in again each step.
+        keep_step_allocations()
 
     def on_start(self, info: WorkerInfo) -> Any:
         """Pick this worker's device and join the process group; return the device (kept on the session)."""
