@@ -9,6 +9,7 @@ import socket
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS_DIR = os.path.join(REPO_ROOT, "tests")  # the shared helper modules (malloc_probe, prefect_helpers...)
 # The official FashionMNIST files beside the checkout; FASHION_MNIST_MIRROR names them elsewhere (git worktrees).
 FASHION_MNIST_MIRROR = os.environ.get("FASHION_MNIST_MIRROR") or os.path.abspath(
     os.path.join(REPO_ROOT, "..", "shared", "datasets", "fashion-mnist"))

@@ -16,31 +16,15 @@ import time
 
 import psutil
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, TESTS_DIR
+from malloc_probe import PAGES
 
 SCRIPT = r"""
 import json, sys
 import ray
 import trainlib
+from malloc_probe import refaulted_pages
 from trainlib.torch import TorchTrainer
-
-
-def refaulted_pages():
-    # Page faults when 24 MB of 1 MB blocks are allocated again after being freed (a training step's pattern).
-    import ctypes, resource
-    libc = ctypes.CDLL("libc.so.6")
-    libc.malloc.restype = ctypes.c_void_p
-    libc.free.argtypes = [ctypes.c_void_p]
-    faults = []
-    for _ in range(2):
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        blocks = [libc.malloc(1 << 20) for _ in range(24)]
-        for block in blocks:
-            ctypes.memset(block, 1, 1 << 20)
-        for block in reversed(blocks):
-            libc.free(block)
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    return faults[1]
 
 
 def train_func(config):
@@ -94,7 +78,8 @@ def _run_fresh(tmp_path, source: str, marker: str, *args: str, timeout: float):
     script = tmp_path / "job.py"
     script.write_text(source)
     # RAY_DEDUP_LOGS=0: Ray would fold the ranks' alike lines into one "[repeated 2x]" line.
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "RAY_TMPDIR": "/tmp", "RAY_DEDUP_LOGS": "0"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, TESTS_DIR]), "RAY_TMPDIR": "/tmp",
+           "RAY_DEDUP_LOGS": "0"}
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=timeout)
@@ -129,7 +114,7 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     assert state["pyarrow_loaded"] == [False, False, False]
     # A TorchTrainer's workers keep a step's freed memory for the next step (allocator.py): 24 MB allocated
     # again fault nothing in, where a worker with glibc's defaults (the torch-free trainer's) faults most pages.
-    assert state["refaulted"][0] > 24 * 256 / 2 and state["refaulted"][1] < 24 * 256 / 10, state["refaulted"]
+    assert state["refaulted"][0] > PAGES / 2 and state["refaulted"][1] < PAGES / 10, state["refaulted"]
     # The daemons an embedded run never uses were not started (the dashboard head, the autoscaler monitor);
     # the ones it needs still run.
     assert "dashboard" not in state["alive"] and "monitor" not in state["alive"]

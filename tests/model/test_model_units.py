@@ -8,13 +8,15 @@ import dataclasses
 import gzip
 import os
 import struct
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from conftest import REPO_ROOT, free_port
+from conftest import REPO_ROOT, TESTS_DIR, free_port
+from malloc_probe import PAGES
 
 MODEL_FILE = os.path.join(REPO_ROOT, "tasks", "domain", "classifier_model.py")
 
@@ -297,28 +299,15 @@ def test_a_ray_task_gets_as_many_torch_threads_as_the_cpus_it_reserved(ray_sessi
 
     @ray.remote(num_cpus=1)
     def refaulted_after() -> int:
-        """Page faults when 24 MB freed in 1 MB blocks are allocated again (a scoring batch's pattern)."""
-        import ctypes
-        import resource
-
         use_assigned_cpus()
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc.restype = ctypes.c_void_p
-        libc.free.argtypes = [ctypes.c_void_p]
-        faults = []
-        for _ in range(2):
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            blocks = [libc.malloc(1 << 20) for _ in range(24)]
-            for block in blocks:
-                ctypes.memset(block, 1, 1 << 20)
-            for block in reversed(blocks):
-                libc.free(block)
-            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-        return faults[1]
+        sys.path.insert(0, TESTS_DIR)  # a plain Ray task: the worker has not the test's path
+        from malloc_probe import refaulted_pages
+
+        return refaulted_pages()
 
     assert ray.get(threads_after.options(num_cpus=1).remote()) == (1, 1)
     assert ray.get(threads_after.options(num_cpus=2).remote()) == (2, 2)
     # trainlib's malloc settings (allocator.py): the second round faults nothing in (glibc's defaults: ~6,000).
-    assert ray.get(refaulted_after.remote()) < 24 * 256 / 10
+    assert ray.get(refaulted_after.remote()) < PAGES / 10
     before = torch.get_num_threads()
     assert use_assigned_cpus() == before  # the driver runs no task: its threads are left alone

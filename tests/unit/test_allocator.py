@@ -8,37 +8,24 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, TESTS_DIR
+from malloc_probe import PAGES
 
 from trainlib._internal.util import allocator
 
-# Allocates 24 blocks of 1 MB, frees them, allocates and touches them again: with glibc's defaults the
-# freed memory goes back to the kernel (unmapped or trimmed) and every page of the second round is
-# faulted in again; kept by the settings, the second round faults (almost) nothing.
+# In a fresh process: trainlib's settings applied or not, then malloc_probe's step pattern.
 PROBE = r"""
-import ctypes, json, resource, sys
+import json, sys
+from malloc_probe import refaulted_pages
 from trainlib._internal.util.allocator import keep_step_allocations
 applied = keep_step_allocations() if sys.argv[1] == "tuned" else False
-libc = ctypes.CDLL("libc.so.6")
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-def step():
-    blocks = [libc.malloc(1 << 20) for _ in range(24)]
-    for b in blocks:
-        ctypes.memset(b, 1, 1 << 20)
-    for b in reversed(blocks):
-        libc.free(b)
-step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-step()
-print(json.dumps({"applied": applied, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
+print(json.dumps({"applied": applied, "faults": refaulted_pages()}))
 """
-
 
 def _faults(mode: str, **env: str) -> dict:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=60,
-                         env={**environ, "PYTHONPATH": REPO_ROOT, **env})
+                         env={**environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, TESTS_DIR]), **env})
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -47,7 +34,7 @@ def _faults(mode: str, **env: str) -> dict:
 def test_a_steps_allocations_are_kept_instead_of_faulted_in_again():
     default, tuned = _faults("default"), _faults("tuned")
     assert tuned["applied"] is True
-    assert default["faults"] > 24 * 256 / 2  # 24 MB of 4 KB pages, faulted in again (most of them)
+    assert default["faults"] > PAGES / 2  # most of the 24 MB of 4 KB pages, faulted in again
     assert tuned["faults"] < default["faults"] / 10
 
 
