@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -33,6 +34,7 @@ import shutil
 import sys
 import tempfile
 import types
+from collections.abc import Iterator
 from typing import Any, Mapping
 
 import torch
@@ -41,6 +43,7 @@ from tasks.domain import classifier_model
 from tasks.domain.classifier_model import ARCHITECTURE, EXPECTED_INPUT
 from tasks.domain.dataset_registry import get_dataset_spec
 from tasks.domain.network import MEAN, STD
+from trainlib._internal.util.patching import replaced_attribute
 
 CODE_PATH = os.path.abspath(classifier_model.__file__)
 MODEL_ARTIFACT_NAME = "model"
@@ -182,6 +185,26 @@ def pip_requirements() -> list[str]:
             f"numpy=={numpy.__version__}", f"pandas=={pandas.__version__}"]
 
 
+@contextlib.contextmanager
+def _requirements_of_this_environment() -> Iterator[None]:
+    """Inside the block, MLflow's save does not check the model's requirements against this environment.
+
+    :func:`pip_requirements` pins the versions this very process runs, so the check cannot find a
+    mismatch. It maps every installed distribution to its modules first, on each process's first
+    save: 0.5-1.3 s of CPU, most of the register step (py-spy, 2026-12-02). MLflow's private
+    ``environment.warn_dependency_requirement_mismatches`` is replaced for the block; a version of
+    MLflow without it runs its own check.
+    """
+    from mlflow.utils import environment
+
+    with replaced_attribute(environment, "warn_dependency_requirement_mismatches", lambda original: _no_check):
+        yield
+
+
+def _no_check(requirements: list[str]) -> None:
+    """MLflow's requirement check, for requirements pinned from this environment: nothing to report."""
+
+
 class _ClassifierFlavor:
     """A flavor for ``mlflow.models.Model.log``: the pyfunc from code plus the pytorch flavor."""
 
@@ -221,7 +244,7 @@ def save_model(network: torch.nn.Module, card: ModelCard, path: str, mlflow_mode
             f"The network's weights do not fit ModelCard.architecture={card.architecture!r} "
             f"({str(exc).splitlines()[0]}). Pass ModelCard(architecture=...) naming the network that was "
             "trained (the recipe's architecture).") from None
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, _requirements_of_this_environment():
         weights = os.path.join(scratch, "weights.pt")
         torch.save(network.state_dict(), weights)
         mlflow.pyfunc.save_model(

@@ -82,6 +82,27 @@ def test_registering_weights_of_another_architecture_fails_before_writing(tmp_pa
     assert not (tmp_path / "model").exists()
 
 
+def test_saving_skips_mlflows_check_of_requirements_pinned_from_this_environment(tmp_path, monkeypatch):
+    from model_helpers import dataset_identity
+    from mlflow.utils import environment, requirements_utils
+
+    from tasks.domain.classifier_model import build_network
+    from tasks.domain.model_package import ModelCard, pip_requirements, save_model
+
+    # The check maps every installed distribution to its modules (0.5-1.3 s); its pins are this process's versions.
+    checked = []
+    monkeypatch.setattr(requirements_utils, "_check_requirement_satisfied", checked.append)
+    original = environment.warn_dependency_requirement_mismatches
+    card = ModelCard(dataset=dataset_identity(), architecture="resnet18-1ch-small")
+    path = save_model(build_network(architecture="resnet18-1ch-small"), card, str(tmp_path / "model"))
+    assert checked == []
+    assert environment.warn_dependency_requirement_mismatches is original  # MLflow's own check again after the save
+    with open(os.path.join(path, "requirements.txt")) as f:
+        assert set(pip_requirements()) <= set(f.read().split())
+    environment.warn_dependency_requirement_mismatches(["torch==0.0.1"])  # outside the block: checked as before
+    assert checked == ["torch==0.0.1"]
+
+
 @pytest.mark.parametrize("form", ["uint8", "float", "784", "1x28x28", "list", "frame784", "frame_column"])
 def test_every_input_form_becomes_the_same_pixels(form):
     from tasks.domain.classifier_model import as_image_batch
