@@ -19,6 +19,7 @@ from prefect import flow, get_run_logger
 from prefect.context import get_run_context
 from prefect_ray.context import remote_options
 
+from flows.heartbeats import end_flow_runs_without_joining_heartbeats
 from flows.params import PipelineParams
 from flows.preflight import check_services
 from flows.progress_display import ProgressDisplay
@@ -38,6 +39,9 @@ from tasks.download import download_dataset
 from tasks.evaluate import evaluate
 from tasks.register import register
 from tasks.train import train_model
+
+# Before any flow of this module runs: its runs end without waiting up to 1 s for Prefect's heartbeat thread.
+end_flow_runs_without_joining_heartbeats()
 
 FLOW_NAME = "training-pipeline"
 OTHER_STEPS_TIMEOUT_S = 3600.0  # download + evaluate + register, on top of the train task's timeout

@@ -26,6 +26,7 @@ from prefect_ray import RayTaskRunner
 from prefect_ray.context import remote_options
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from flows.heartbeats import end_flow_runs_without_joining_heartbeats
 from flows.params import NAME_PATTERN
 from flows.task_runner import current_api_url, local_task_runner, ray_worker_env
 from tasks.domain.batch_scoring import ScoringSummary, output_format
@@ -33,6 +34,9 @@ from tasks.domain.home import PipelineHome
 from tasks.domain.promotion import CHAMPION_ALIAS
 from tasks.domain.urls import expand_path, mask_url
 from tasks.score import read_input, resolve_model, score_images_chunk, write_output
+
+# Before any flow of this module runs: its runs end without waiting up to 1 s for Prefect's heartbeat thread.
+end_flow_runs_without_joining_heartbeats()
 
 FLOW_NAME = "score-images"
 
