@@ -25,3 +25,7 @@ def failing_train_func(config):
 
 def raise_deep_inside(message):
     raise ValueError(message)
+
+
+def reporting_train_func(config):
+    trainlib.report({"pid": os.getpid()})

@@ -142,21 +142,37 @@ class DataParallelTrainer:
                                                attempt=row.get("attempt", 0), reported_at=row.get("time", 0.0))
                                   for row in run.metrics_rows),
         )
-        start_run(run, run_info, rc.callbacks)
-        # Ray starts after the storage and tracking checks, which fail in seconds without it.
-        ensure_ray(preload=(*self.backend.preload_modules, WORKER_MODULE))
-        if start_from:
-            logger.info("Run %s resumes from %s", storage.name, start_from)
-        train_fn_ref = ray.put(self._train_fn)  # once per run: every worker of every attempt reads this copy
         policy = ScalingPolicy(self.scaling_config, available_workers)
         data = GroupData(metadata=self.metadata, datasets=self.datasets, data_config=self.dataset_config)
-        controller = Controller(
-            storage=storage, make_worker_group=lambda: RayWorkerGroup(
-                self.scaling_config, self.backend, train_fn_ref, policy.num_workers(), data, self._train_fn),
-            checkpoint_config=rc.checkpoint_config, failure_config=rc.failure_config, callbacks=rc.callbacks,
-            run_info=run_info, start_checkpoint=self.resume_from_checkpoint, metrics_rows=run.metrics_rows,
-            committed=run.committed, verbose=rc.verbose, scaling_policy=policy, metadata=self.metadata, lease=lease,
-        )
+        # Put once per run: every worker of every attempt reads this copy.
+        train_fn_ref = ray.put(self._train_fn) if ray.is_initialized() else None
+
+        def new_group() -> RayWorkerGroup:
+            return RayWorkerGroup(self.scaling_config, self.backend, train_fn_ref, policy.num_workers(), data,
+                                  self._train_fn)
+
+        # Ray already up (a cluster, the pipeline's task runner, an earlier fit()): the first attempt's workers
+        # start, and import their framework, while the callbacks' before_run runs (MLflow's: 1-3 s).
+        early = self._submit_early(new_group) if train_fn_ref is not None else []
+        try:
+            start_run(run, run_info, rc.callbacks)
+            # Else Ray starts after the storage and tracking checks, which fail in seconds without it.
+            ensure_ray(preload=(*self.backend.preload_modules, WORKER_MODULE))
+            if train_fn_ref is None:
+                train_fn_ref = ray.put(self._train_fn)
+            if start_from:
+                logger.info("Run %s resumes from %s", storage.name, start_from)
+            controller = Controller(
+                storage=storage, make_worker_group=lambda: early.pop() if early else new_group(),
+                checkpoint_config=rc.checkpoint_config, failure_config=rc.failure_config, callbacks=rc.callbacks,
+                run_info=run_info, start_checkpoint=self.resume_from_checkpoint, metrics_rows=run.metrics_rows,
+                committed=run.committed, verbose=rc.verbose, scaling_policy=policy, metadata=self.metadata,
+                lease=lease,
+            )
+        except BaseException:  # before_run stopped the run: nothing may keep running
+            for group in early:
+                group.shutdown()
+            raise
         try:
             controller.run()
         except Exception as exc:
@@ -170,6 +186,18 @@ class DataParallelTrainer:
         finally:
             note_fit_ended()
         return close_run(run, rc, run_info, controller, None)
+
+    @staticmethod
+    def _submit_early(new_group: Callable[[], RayWorkerGroup]) -> list[RayWorkerGroup]:
+        """The first attempt's group with its actors asked for; none when the request can never fit (the
+        attempt raises that as it starts, after the callbacks' before_run, as without an early start)."""
+        group = new_group()
+        try:
+            group.submit_actors()
+        except TrainlibError:
+            group.shutdown()
+            return []
+        return [group]
 
     @classmethod
     def restore(cls, path: str | os.PathLike, *, train_loop_per_worker: Callable | None = None,

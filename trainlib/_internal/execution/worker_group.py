@@ -54,8 +54,13 @@ class RayWorkerGroup:
         self._storage: RunStorage | None = None  # of the started attempt, for recovering a dead rank's uploads
         self._attempt = 0  # the started attempt's number: a dead rank's staging folders of it are recovered
 
-    def start_actors(self) -> None:
-        """Reserve the placement group (bounded wait) and start the actors; returns before they are ready."""
+    def submit_actors(self) -> None:
+        """Ask for the placement group and the actors, without waiting (once; ``start_actors`` waits).
+
+        Raises ResourcesUnavailableError at once when the cluster can never fit the request.
+        """
+        if self._pg is not None:
+            return
         check_resources(self.scaling, ray.nodes())
         bundles = [self.scaling.worker_resources for _ in range(self.num_workers)]
         self._pg = placement_group(bundles, strategy=self.scaling.placement_strategy, name="trainlib-workers")
@@ -71,8 +76,12 @@ class RayWorkerGroup:
             ).remote(self.backend, cpus, {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
             for i in range(self.num_workers)
         ]
+
+    def start_actors(self) -> None:
+        """Reserve the placement group (bounded wait) and start the actors; returns before they are ready."""
         # The actors are submitted before waiting: they are scheduled the moment the group is
         # reserved, not a round trip to this driver later.
+        self.submit_actors()
         ready, _ = ray.wait([self._pg.ready()], timeout=self.scaling.placement_timeout_s)
         if not ready:
             available = format_resources(ray.available_resources())
