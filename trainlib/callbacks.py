@@ -2,7 +2,8 @@
 
 A callback sees the run from the driver, so there is one of it per run
 whatever the world size. ``before_run`` may raise to stop the run before any
-worker starts (e.g. tracking server unreachable); errors in the other hooks
+worker runs the training function (e.g. tracking server unreachable; with
+Ray already up, the workers' processes start meanwhile and are stopped); errors in the other hooks
 are logged and never fail training. A callback that must remember something
 across restarts and resumes of the run (an MLflow run id) returns it from
 ``state_dict``; the trainer saves it in the run record and hands it back through
@@ -70,7 +71,8 @@ class Callback:
         """The state saved by an earlier ``fit()`` of the same run; called before ``before_run``."""
 
     def before_run(self, run: RunInfo) -> None:
-        """Before any worker starts. Raising here stops the run."""
+        """Before any worker runs the training function. Raising here stops the run (and the workers' processes,
+        which start meanwhile when Ray is already up)."""
 
     def after_report(self, run: RunInfo, report: ReportRecord) -> None:
         """After a report of all ranks was committed (checkpoint durable)."""
