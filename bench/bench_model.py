@@ -45,7 +45,7 @@ def _free_port() -> int:
 def register(tracking_uri: str, mirror: str) -> str:
     from mlflow import MlflowClient
 
-    from tasks.domain.classifier_model import build_network
+    from tasks.domain.classifier_network import build_network
     from tasks.domain.dataset_registry import get_dataset_spec
     from tasks.domain.model_package import DatasetIdentity, ModelCard, log_and_register
     from tasks.domain.recipe import DEFAULT_RECIPE, get_recipe

@@ -27,7 +27,8 @@ sys.path.insert(0, REPO)
 def measure(architecture: str, repeats: int) -> dict:
     import torch
 
-    from tasks.domain.classifier_model import build_network, predict_probabilities
+    from tasks.domain.classifier_model import predict_probabilities
+    from tasks.domain.classifier_network import build_network
     from tasks.domain.network import MEAN, STD, build_model
     from tasks.domain.recipe import get_recipe, make_optimizer
 
@@ -73,7 +74,7 @@ def main() -> None:
 
     import torch
 
-    from tasks.domain.classifier_model import ARCHITECTURES
+    from tasks.domain.classifier_network import ARCHITECTURES
 
     load_before = os.getloadavg()
     runs = [measure(name, args.repeats) for name in ARCHITECTURES]

@@ -4,9 +4,9 @@ Runs wherever a registered version is loaded: a user's process
 (``mlflow.pyfunc.load_model("models:/<name>@champion")``), ``mlflow models
 serve``, the batch-scoring workers, and the pipeline's evaluate step. MLflow
 copies this file into every registered version (models-from-code), so it is
-self-contained on purpose: it imports only numpy, pandas, torch and mlflow (not
-even torchvision: see :class:`ResNet18`), never ``tasks``, ``flows`` or
-``trainlib``. What the model needs besides its weights (normalisation, class
+self-contained on purpose: it imports only numpy, pandas, torch, mlflow and its
+network (``classifier_network.py``, torch only, shipped beside it in the version's
+``code/`` folder; not even torchvision), never ``tasks``, ``flows`` or ``trainlib``. What the model needs besides its weights (normalisation, class
 names, the data set's identity) comes from the version's ``model_config``,
 written by ``tasks.domain.model_package``.
 
@@ -34,18 +34,21 @@ import torch
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
+if __package__:  # imported from this repository, as tasks.domain.classifier_model
+    from .classifier_network import ARCHITECTURE, network_with_weights
+else:  # executed by MLflow: loading a version, whose code/ folder (code_paths) MLflow puts on sys.path ...
+    try:
+        from classifier_network import ARCHITECTURE, network_with_weights
+    except ModuleNotFoundError as exc:  # ... or saving one, from this repository
+        if exc.name != "classifier_network":
+            raise
+        from tasks.domain.classifier_network import ARCHITECTURE, network_with_weights
+
 IMAGE_SIDE = 28
 PIXELS = IMAGE_SIDE * IMAGE_SIDE
 EXPECTED_INPUT = ("uint8 images (or float images with values 0..255) shaped [N, 28, 28], [N, 784] or "
                   "[N, 1, 28, 28]")
 OUTPUT_COLUMNS = ("label", "class", "probability", "probabilities")
-# Each architecture's conv1 (kernel, stride, padding) and the first block's width (the later blocks double it).
-# "resnet18-1ch" is the Ray Train tutorial's network (torchvision's ImageNet stem: 28x28 images reach the first
-# block as 7x7). "resnet18-1ch-small" keeps the full resolution through conv1, so the first block sees 14x14,
-# at half the width: the same compute per image (4x the area, a quarter of the channel products), a quarter
-# of the weights (2.8M).
-ARCHITECTURES = {"resnet18-1ch": (7, 2, 3, 64), "resnet18-1ch-small": (3, 1, 1, 32)}
-ARCHITECTURE = "resnet18-1ch"  # what a model_config naming no architecture holds
 DEFAULT_BATCH_SIZE = 256  # images per forward pass; bounds memory for large requests
 
 
@@ -58,81 +61,6 @@ class ImageInputError(MlflowException, ValueError):
 
     def __init__(self, message: str):
         super().__init__(message, error_code=INVALID_PARAMETER_VALUE)
-
-
-class _BasicBlock(torch.nn.Module):
-    """ResNet's basic block: two 3x3 convolutions and a shortcut (module names as torchvision's)."""
-
-    def __init__(self, inputs: int, outputs: int, stride: int):
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
-        self.bn1 = torch.nn.BatchNorm2d(outputs)
-        self.relu = torch.nn.ReLU(inplace=True)
-        self.conv2 = torch.nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
-        self.bn2 = torch.nn.BatchNorm2d(outputs)
-        self.downsample = None
-        if stride != 1 or inputs != outputs:
-            self.downsample = torch.nn.Sequential(torch.nn.Conv2d(inputs, outputs, 1, stride, bias=False),
-                                                  torch.nn.BatchNorm2d(outputs))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        return self.relu(self.bn2(self.conv2(out)) + shortcut)
-
-
-class ResNet18(torch.nn.Module):
-    """torchvision's ``resnet18`` with a one-channel ``conv1``: the same layers, names and state dict.
-
-    ``architecture`` (a key of :data:`ARCHITECTURES`) sets ``conv1``'s kernel and stride and the widths;
-    ``resnet18-1ch`` is torchvision's network exactly.
-
-    Written out here, torch only, because importing torchvision costs every process that loads
-    the model ~1.5 s of CPU (a serving worker, each batch-scoring worker, the evaluate step) for
-    one class; ``tasks.domain.network.build_model`` (training) uses torchvision's, and a test checks
-    that both give the same outputs from the same weights.
-    """
-
-    def __init__(self, num_classes: int = 10, architecture: str = ARCHITECTURE):
-        super().__init__()
-        kernel, stride, padding, base = ARCHITECTURES[architecture]
-        self.conv1 = torch.nn.Conv2d(1, base, kernel_size=kernel, stride=stride, padding=padding, bias=False)
-        self.bn1 = torch.nn.BatchNorm2d(base)
-        self.relu = torch.nn.ReLU(inplace=True)
-        self.maxpool = torch.nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        widths = (base, 2 * base, 4 * base, 8 * base)
-        for index, width in enumerate(widths):
-            inputs, stride = (base, 1) if index == 0 else (widths[index - 1], 2)
-            setattr(self, f"layer{index + 1}", torch.nn.Sequential(_BasicBlock(inputs, width, stride),
-                                                                   _BasicBlock(width, width, 1)))
-        self.avgpool = torch.nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = torch.nn.Linear(widths[-1], num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-def build_network(num_classes: int = 10, architecture: str = ARCHITECTURE) -> torch.nn.Module:
-    """ResNet18 with a one-channel ``conv1`` of the given architecture (a key of :data:`ARCHITECTURES`), untrained."""
-    if architecture not in ARCHITECTURES:
-        raise ValueError(f"architecture={architecture!r} is unknown: this model code builds "
-                         f"{', '.join(map(repr, ARCHITECTURES))}.")
-    return ResNet18(num_classes, architecture)
-
-
-def network_with_weights(state: dict[str, torch.Tensor], num_classes: int = 10,
-                         architecture: str = ARCHITECTURE) -> torch.nn.Module:
-    """The network holding the weights ``state``, in eval mode.
-
-    Built on the meta device: the random initialisation, which the weights replace at once, is not
-    computed (ResNet18's costs ~0.2-0.3 s of CPU, paid by every process that loads a version).
-    """
-    with torch.device("meta"):
-        network = build_network(num_classes, architecture)
-    network.load_state_dict(state, assign=True)
-    return network.eval()
 
 
 def normalise(images: torch.Tensor, mean: float, std: float) -> torch.Tensor:

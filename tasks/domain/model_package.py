@@ -3,12 +3,12 @@
 Runs where the pipeline's register step runs (a Ray worker), in tests and in
 benchmarks; no Prefect here. One MLflow model folder holds two flavors:
 
-* ``python_function``: ``classifier_model.py`` (models-from-code), the weights as
-  a state dict, and a ``model_config`` with the class names, the normalisation and
-  the architecture: raw images in, labels out (``mlflow.pyfunc.load_model``,
-  ``mlflow models serve``);
-* ``pytorch``: the plain ``torch.nn.Module`` (the model file's ``ResNet18``; the file ships in
-  the flavor's ``code/`` folder), so ``mlflow.pytorch.load_model`` gives a network to
+* ``python_function``: ``classifier_model.py`` (models-from-code) with its network
+  ``classifier_network.py`` (``code_paths``), the weights as a state dict, and a
+  ``model_config`` with the class names, the normalisation and the architecture: raw
+  images in, labels out (``mlflow.pyfunc.load_model``, ``mlflow models serve``);
+* ``pytorch``: the plain ``torch.nn.Module`` (the network file's ``ResNet18``; the file ships in
+  the version's ``code/`` folder), so ``mlflow.pytorch.load_model`` gives a network to
   fine-tune without this repository or torchvision. MLflow 3 refuses to
   unpickle it unless ``MLFLOW_ALLOW_PICKLE_DESERIALIZATION=true``; the pickle-free way
   to the same module is ``mlflow.pyfunc.load_model(uri).unwrap_python_model().network``.
@@ -30,7 +30,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import sys
 import tempfile
 import types
@@ -39,16 +38,20 @@ from typing import Any, Mapping
 
 import torch
 
-from tasks.domain import classifier_model
-from tasks.domain.classifier_model import ARCHITECTURE, EXPECTED_INPUT
+from tasks.domain import classifier_model, classifier_network
+from tasks.domain.classifier_model import EXPECTED_INPUT
+from tasks.domain.classifier_network import ARCHITECTURE
 from tasks.domain.dataset_registry import get_dataset_spec
 from tasks.domain.network import MEAN, STD
 from trainlib._internal.util.patching import replaced_attribute
 
 CODE_PATH = os.path.abspath(classifier_model.__file__)
+NETWORK_PATH = os.path.abspath(classifier_network.__file__)
 MODEL_ARTIFACT_NAME = "model"
 PICKLE_MODULE = "pickle"
-MODEL_FILE_MODULE = "classifier_model"  # the model file's module name in the pytorch flavor's pickle
+# The network file's module name in a version's code/ folder, which classifier_model.py imports and the pytorch
+# flavor's pickle names.
+NETWORK_MODULE = "classifier_network"
 PYTORCH_CODE_DIR = "code"
 
 
@@ -87,7 +90,7 @@ class ModelCard:
         class_names: label -> class name (default: the data set's).
         mean, std: the normalisation the network was trained with (0..1 scale).
         test_accuracy: the version's test accuracy when known at registration.
-        architecture: the network's (a key of ``classifier_model.ARCHITECTURES``).
+        architecture: the network's (a key of ``classifier_network.ARCHITECTURES``).
     """
 
     dataset: DatasetIdentity
@@ -218,13 +221,13 @@ class _ClassifierFlavor:
         save_model(self.network, self.card, path, mlflow_model=mlflow_model)
 
 
-def _model_file() -> types.ModuleType:
-    """The model file loaded under its own top-level name (as the pytorch flavor's code folder provides it)."""
-    module = sys.modules.get(MODEL_FILE_MODULE)
-    if module is None or getattr(module, "__file__", None) != CODE_PATH:
-        spec = importlib.util.spec_from_file_location(MODEL_FILE_MODULE, CODE_PATH)
+def _network_file() -> types.ModuleType:
+    """The network file loaded under its own top-level name (as a version's code folder provides it)."""
+    module = sys.modules.get(NETWORK_MODULE)
+    if module is None or getattr(module, "__file__", None) != NETWORK_PATH:
+        spec = importlib.util.spec_from_file_location(NETWORK_MODULE, NETWORK_PATH)
         module = importlib.util.module_from_spec(spec)
-        sys.modules[MODEL_FILE_MODULE] = module  # pickle finds the classes by their module's name
+        sys.modules[NETWORK_MODULE] = module  # pickle finds the classes by their module's name
         spec.loader.exec_module(module)
     return module
 
@@ -235,10 +238,10 @@ def save_model(network: torch.nn.Module, card: ModelCard, path: str, mlflow_mode
 
     network = network.module if hasattr(network, "module") else network  # unwrap DDP
     network = network.cpu().eval()
-    # The pytorch flavor's module: the model file's classes holding these weights (see below). Built first,
+    # The pytorch flavor's module: the network file's classes holding these weights (see below). Built first,
     # so weights that do not fit the card's architecture fail before anything is written.
     try:
-        portable = _model_file().network_with_weights(network.state_dict(), len(card.names()), card.architecture)
+        portable = _network_file().network_with_weights(network.state_dict(), len(card.names()), card.architecture)
     except RuntimeError as exc:
         raise ValueError(
             f"The network's weights do not fit ModelCard.architecture={card.architecture!r} "
@@ -248,16 +251,15 @@ def save_model(network: torch.nn.Module, card: ModelCard, path: str, mlflow_mode
         weights = os.path.join(scratch, "weights.pt")
         torch.save(network.state_dict(), weights)
         mlflow.pyfunc.save_model(
-            path=path, python_model=CODE_PATH, artifacts={"weights": weights}, model_config=card.model_config(),
+            path=path, python_model=CODE_PATH, code_paths=[NETWORK_PATH], artifacts={"weights": weights},
+            model_config=card.model_config(),
             signature=signature(), input_example=input_example(), pip_requirements=pip_requirements(),
             metadata=card.metadata(), mlflow_model=mlflow_model)
-    # The pytorch flavor: the whole module, as mlflow.pytorch.save_model writes it. Its classes are the model
-    # file's, pickled under that file's own name and shipped in the flavor's code folder, which
+    # The pytorch flavor: the whole module, as mlflow.pytorch.save_model writes it. Its classes are the network
+    # file's, pickled under that file's own name; the file is in the code folder (the pyfunc's code_paths), which
     # mlflow.pytorch.load_model puts on sys.path: a process without this repository (or torchvision) unpickles it.
-    data, code = os.path.join(path, "data"), os.path.join(path, PYTORCH_CODE_DIR)
+    data = os.path.join(path, "data")
     os.makedirs(data, exist_ok=True)
-    os.makedirs(code, exist_ok=True)
-    shutil.copy(CODE_PATH, os.path.join(code, MODEL_FILE_MODULE + ".py"))
     torch.save(portable.eval(), os.path.join(data, "model.pth"))
     with open(os.path.join(data, "pickle_module_info.txt"), "w") as f:
         f.write(PICKLE_MODULE)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 import trainlib
-from tasks.domain.classifier_model import build_network
+from tasks.domain.classifier_network import build_network
 from tasks.domain.dataset_registry import get_dataset_spec
 from tasks.domain.evaluation import EvaluationReport, evaluate_model
 from tasks.domain.idx_files import load_fashion_mnist_split

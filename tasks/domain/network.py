@@ -21,8 +21,8 @@ MODEL_FILE = "model.pt"  # the state dict in every checkpoint the training loop 
 NUM_CLASSES = 10
 
 
-# The tutorial's network (torchvision's resnet18, 1-channel conv1); the registered model's file names the same
-# (classifier_model.ARCHITECTURE; a test checks they agree). Not imported from there: that file imports mlflow.
+# The tutorial's network (torchvision's resnet18, 1-channel conv1); the registered model's network file names the
+# same (classifier_network.ARCHITECTURE; a test checks they agree).
 TUTORIAL_ARCHITECTURE = "resnet18-1ch"
 
 
@@ -31,11 +31,11 @@ def build_model(architecture: str = TUTORIAL_ARCHITECTURE) -> torch.nn.Module:
 
     ``resnet18-1ch``: the tutorial's, torchvision's ``resnet18`` (7x7 stride-2 ``conv1``, then max-pooling:
     the first block sees 7x7). Any other architecture (``resnet18-1ch-small``: 3x3 stride-1 ``conv1``, half
-    the widths) is the registered model file's own class, which defines them
-    (``classifier_model.ARCHITECTURES``).
+    the widths) is the registered model's network class, which defines them
+    (``classifier_network.ARCHITECTURES``; torch only: training's workers do not import mlflow).
     """
     if architecture != TUTORIAL_ARCHITECTURE:
-        from tasks.domain.classifier_model import build_network
+        from tasks.domain.classifier_network import build_network
 
         return build_network(NUM_CLASSES, architecture)
     from torchvision.models import resnet18
@@ -54,7 +54,7 @@ def load_model(checkpoint_dir: str, build: Callable[[], torch.nn.Module]) -> tor
     """The model saved in a checkpoint folder by the training loop, in eval mode (tutorial step [6]).
 
     ``build`` makes the untrained network: :func:`build_model` (torchvision's) or the registered
-    model's torch-only copy (``classifier_model.build_network``), which loads without importing torchvision.
+    model's torch-only copy (``classifier_network.build_network``), which loads without importing torchvision.
     """
     state = torch.load(os.path.join(checkpoint_dir, MODEL_FILE), map_location="cpu", weights_only=True)
     with torch.device("meta"):  # no random initialisation that the weights replace at once

@@ -40,7 +40,8 @@ def tiny_trained_network(steps: int = 8, batch_size: int = 64, seed: int = 0,
 
     Trained just enough that its labels differ between images, so label comparisons mean something.
     """
-    from tasks.domain.classifier_model import build_network, normalise
+    from tasks.domain.classifier_model import normalise
+    from tasks.domain.classifier_network import build_network
     from tasks.domain.network import MEAN, STD
 
     torch.manual_seed(seed)

@@ -8,6 +8,7 @@ import dataclasses
 import gzip
 import os
 import struct
+import subprocess
 import sys
 
 import numpy as np
@@ -19,21 +20,40 @@ from conftest import REPO_ROOT, TESTS_DIR, free_port
 from malloc_probe import PAGES
 
 MODEL_FILE = os.path.join(REPO_ROOT, "tasks", "domain", "classifier_model.py")
+NETWORK_FILE = os.path.join(REPO_ROOT, "tasks", "domain", "classifier_network.py")
 
 
-def test_model_file_imports_only_what_a_fresh_environment_has():
-    tree = ast.parse(open(MODEL_FILE).read())
+def _imports(path):
     imported = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(open(path).read())):
         if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
+            imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
-    assert imported <= {"__future__", "typing", "mlflow", "numpy", "pandas", "torch"}, imported
+            imported.add("." * node.level + (node.module or ""))
+    return imported
+
+
+def test_model_files_import_only_what_a_fresh_environment_has():
+    # The network file: torch only, so training's workers build the network without importing mlflow.
+    assert _imports(NETWORK_FILE) == {"__future__", "torch"}
+    # The model file: its network (a registered version's copy, or this repository's while MLflow saves one).
+    tops = {name.split(".")[0] for name in _imports(MODEL_FILE)}
+    assert tops <= {"__future__", "typing", "mlflow", "numpy", "pandas", "torch", "classifier_network", "", "tasks"}
+    assert {name for name in _imports(MODEL_FILE) if name.split(".")[0] in ("", "tasks")} == {
+        ".classifier_network", "tasks.domain.classifier_network"}
+
+
+def test_training_builds_the_network_without_importing_mlflow():
+    code = ("import sys; from tasks.domain.network import build_model; build_model('resnet18-1ch-small'); "
+            "print(sorted(m for m in ('mlflow', 'pandas', 'tasks.domain.classifier_model') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
 
 
 def test_model_file_network_and_normalisation_match_the_training_code():
-    from tasks.domain.classifier_model import build_network, normalise
+    from tasks.domain.classifier_model import normalise
+    from tasks.domain.classifier_network import build_network
     from tasks.domain.network import MEAN, STD, build_model, to_inputs
 
     torch.manual_seed(0)
@@ -50,15 +70,15 @@ def test_model_file_network_and_normalisation_match_the_training_code():
 
 
 def test_the_small_image_network_keeps_14x14_into_the_first_block_at_a_quarter_of_the_weights():
-    from tasks.domain import classifier_model
+    from tasks.domain import classifier_network
     from tasks.domain.network import TUTORIAL_ARCHITECTURE, build_model
     from tasks.domain.recipe import get_recipe
 
-    assert TUTORIAL_ARCHITECTURE == classifier_model.ARCHITECTURE  # the two names of the tutorial's network
+    assert TUTORIAL_ARCHITECTURE == classifier_network.ARCHITECTURE  # the two names of the tutorial's network
     assert get_recipe("tutorial").architecture == "resnet18-1ch"
     assert get_recipe("augmented").architecture == "resnet18-1ch-small"
     small, tutorial = build_model("resnet18-1ch-small"), build_model("resnet18-1ch")
-    assert isinstance(small, classifier_model.ResNet18)  # training builds the registered file's own class
+    assert isinstance(small, classifier_network.ResNet18)  # training builds the registered network's own class
     seen = {}
     for name, network in (("small", small), ("tutorial", tutorial)):
         network.layer1.register_forward_pre_hook(lambda _m, inputs, name=name: seen.update({name: inputs[0].shape}))
@@ -73,7 +93,7 @@ def test_the_small_image_network_keeps_14x14_into_the_first_block_at_a_quarter_o
 def test_registering_weights_of_another_architecture_fails_before_writing(tmp_path):
     from model_helpers import dataset_identity
 
-    from tasks.domain.classifier_model import build_network
+    from tasks.domain.classifier_network import build_network
     from tasks.domain.model_package import ModelCard, save_model
 
     card = ModelCard(dataset=dataset_identity(), architecture="resnet18-1ch")
@@ -86,7 +106,7 @@ def test_saving_skips_mlflows_check_of_requirements_pinned_from_this_environment
     from model_helpers import dataset_identity
     from mlflow.utils import environment, requirements_utils
 
-    from tasks.domain.classifier_model import build_network
+    from tasks.domain.classifier_network import build_network
     from tasks.domain.model_package import ModelCard, pip_requirements, save_model
 
     # The check maps every installed distribution to its modules (0.5-1.3 s); its pins are this process's versions.

@@ -64,7 +64,7 @@ def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry
     monkeypatch.chdir(tmp_path)  # where MLflow's Default experiment of this SQLite store would put files
     client = MlflowClient(tracking_uri=registry["uri"])
     torch.manual_seed(0)
-    from tasks.domain.classifier_model import build_network
+    from tasks.domain.classifier_network import build_network
 
     weak = build_network(architecture=default_architecture()).eval()
     strong = tiny_trained_network(steps=12)

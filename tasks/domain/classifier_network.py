@@ -1,0 +1,100 @@
+"""The registered model's network: ResNet18 with a one-channel ``conv1``, torch only (no mlflow, no torchvision).
+
+Runs where a network of the model is built: training's workers (the recipes' architectures other than
+the tutorial's), the evaluate and register steps, and every process that loads a registered version.
+MLflow ships this file with each version (``code_paths``, the ``code/`` folder of its pyfunc and pytorch
+flavors) beside ``classifier_model.py``, which imports it; kept apart from that file so that training's
+workers build the network without importing mlflow (~1.3 s of CPU and ~125 MB a worker, measured).
+
+Example::
+
+    network = build_network(10, "resnet18-1ch-small")
+    network = network_with_weights(state_dict, 10, "resnet18-1ch-small")   # eval mode
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Each architecture's conv1 (kernel, stride, padding) and the first block's width (the later blocks double it).
+# "resnet18-1ch" is the Ray Train tutorial's network (torchvision's ImageNet stem: 28x28 images reach the first
+# block as 7x7). "resnet18-1ch-small" keeps the full resolution through conv1, so the first block sees 14x14,
+# at half the width: the same compute per image (4x the area, a quarter of the channel products), a quarter
+# of the weights (2.8M).
+ARCHITECTURES = {"resnet18-1ch": (7, 2, 3, 64), "resnet18-1ch-small": (3, 1, 1, 32)}
+ARCHITECTURE = "resnet18-1ch"  # what a model_config naming no architecture holds
+
+
+class _BasicBlock(torch.nn.Module):
+    """ResNet's basic block: two 3x3 convolutions and a shortcut (module names as torchvision's)."""
+
+    def __init__(self, inputs: int, outputs: int, stride: int):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(outputs)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.conv2 = torch.nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(outputs)
+        self.downsample = None
+        if stride != 1 or inputs != outputs:
+            self.downsample = torch.nn.Sequential(torch.nn.Conv2d(inputs, outputs, 1, stride, bias=False),
+                                                  torch.nn.BatchNorm2d(outputs))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(out)) + shortcut)
+
+
+class ResNet18(torch.nn.Module):
+    """torchvision's ``resnet18`` with a one-channel ``conv1``: the same layers, names and state dict.
+
+    ``architecture`` (a key of :data:`ARCHITECTURES`) sets ``conv1``'s kernel and stride and the widths;
+    ``resnet18-1ch`` is torchvision's network exactly.
+
+    Written out here, torch only, because importing torchvision costs every process that loads
+    the model ~1.5 s of CPU (a serving worker, each batch-scoring worker, the evaluate step) for
+    one class; ``tasks.domain.network.build_model`` (training) uses torchvision's, and a test checks
+    that both give the same outputs from the same weights.
+    """
+
+    def __init__(self, num_classes: int = 10, architecture: str = ARCHITECTURE):
+        super().__init__()
+        kernel, stride, padding, base = ARCHITECTURES[architecture]
+        self.conv1 = torch.nn.Conv2d(1, base, kernel_size=kernel, stride=stride, padding=padding, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(base)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.maxpool = torch.nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        widths = (base, 2 * base, 4 * base, 8 * base)
+        for index, width in enumerate(widths):
+            inputs, stride = (base, 1) if index == 0 else (widths[index - 1], 2)
+            setattr(self, f"layer{index + 1}", torch.nn.Sequential(_BasicBlock(inputs, width, stride),
+                                                                   _BasicBlock(width, width, 1)))
+        self.avgpool = torch.nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = torch.nn.Linear(widths[-1], num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def build_network(num_classes: int = 10, architecture: str = ARCHITECTURE) -> torch.nn.Module:
+    """ResNet18 with a one-channel ``conv1`` of the given architecture (a key of :data:`ARCHITECTURES`), untrained."""
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture={architecture!r} is unknown: this model code builds "
+                         f"{', '.join(map(repr, ARCHITECTURES))}.")
+    return ResNet18(num_classes, architecture)
+
+
+def network_with_weights(state: dict[str, torch.Tensor], num_classes: int = 10,
+                         architecture: str = ARCHITECTURE) -> torch.nn.Module:
+    """The network holding the weights ``state``, in eval mode.
+
+    Built on the meta device: the random initialisation, which the weights replace at once, is not
+    computed (ResNet18's costs ~0.2-0.3 s of CPU, paid by every process that loads a version).
+    """
+    with torch.device("meta"):
+        network = build_network(num_classes, architecture)
+    network.load_state_dict(state, assign=True)
+    return network.eval()
