@@ -17,7 +17,9 @@ FashionMNIST comes from the internet by default. Offline, name a mirror::
 from __future__ import annotations
 
 import argparse
+import atexit
 import difflib
+import gc
 import json
 import os
 import sys
@@ -156,4 +158,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # This command's own process. At exit, Python's final garbage collection walks every object of torch, Ray,
+    # Prefect and mlflow: ~1.2 s after the last line on 2 cores (measured: 1.46 s to exit, 0.28 s frozen).
+    # What the pipeline keeps is flushed and closed before (its states, MLflow's runs, the logs), so the
+    # objects left need no collection; registered first, the freeze runs after every other exit hook.
+    atexit.register(gc.freeze)
     sys.exit(main())

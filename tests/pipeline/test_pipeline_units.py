@@ -213,6 +213,19 @@ def test_main_command_refuses_an_unknown_option_before_starting_anything(tmp_pat
     assert not (tmp_path / "home").exists()  # no server, no store, nothing started
 
 
+def test_main_command_ends_without_pythons_final_collection_over_its_libraries(tmp_path):
+    import subprocess
+    import sys
+
+    # Run as `python -m flows.main`; a hook registered before it runs after all of its exit hooks.
+    probe = ("import atexit, gc, runpy, sys; "
+             "atexit.register(lambda: print('FROZEN', gc.get_freeze_count() > 0, flush=True)); "
+             "sys.argv = ['flows.main', '--epoch', '3']; runpy.run_module('flows.main', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TRAINLIB_HOME": str(tmp_path / "home")})
+    assert done.returncode == 2 and "FROZEN True" in done.stdout, done.stdout + done.stderr
+
+
 def test_main_command_names_every_bad_option_and_what_it_allows(tmp_path):
     code, out = _main_command(tmp_path, "--epochs", "0", "--dataset", "cifar10", "--num-workers", "two",
                               "--lr", "-1")
