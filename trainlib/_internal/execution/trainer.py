@@ -169,7 +169,7 @@ class DataParallelTrainer:
                 committed=run.committed, verbose=rc.verbose, scaling_policy=policy, metadata=self.metadata,
                 lease=lease,
             )
-        except BaseException:  # before_run stopped the run: nothing may keep running
+        except BaseException:  # the run stopped before its first attempt (before_run raised): nothing may keep running
             for group in early:
                 group.shutdown()
             raise
