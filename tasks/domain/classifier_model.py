@@ -6,9 +6,10 @@ serve``, the batch-scoring workers, and the pipeline's evaluate step. MLflow
 copies this file into every registered version (models-from-code), so it is
 self-contained on purpose: it imports only numpy, pandas, torch, mlflow and its
 network (``classifier_network.py``, torch only, shipped beside it in the version's
-``code/`` folder; not even torchvision), never ``tasks``, ``flows`` or ``trainlib``. What the model needs besides its weights (normalisation, class
-names, the data set's identity) comes from the version's ``model_config``,
-written by ``tasks.domain.model_package``.
+``code/`` folder; not even torchvision), never ``tasks``, ``flows`` or ``trainlib``.
+What the model needs besides its weights (normalisation, class names, the data
+set's identity) comes from the version's ``model_config``, written by
+``tasks.domain.model_package``.
 
 Input (any batch size): uint8 images, or float images in 0..255, shaped
 ``[N, 28, 28]``, ``[N, 784]`` or ``[N, 1, 28, 28]`` (a numpy array, a torch

@@ -9,7 +9,7 @@ import pytest
 
 
 class _Engine:
-    """What Prefect's ``_send_heartbeats`` reads of a flow run engine: a run still in progress, heartbeats every 30 s."""
+    """What Prefect's ``_send_heartbeats`` reads of a flow run engine: a run in progress, heartbeats every 30 s."""
 
     heartbeat_seconds = 30
     flow_run = None
