@@ -49,7 +49,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _form(fail_on: dict[str, str], attempts: int = 3) -> list[tuple[int, str]]:
+def _form(fail_on: dict[str, str], attempts: int = 3, port_retries: int = 2) -> list[tuple[int, str]]:
     port = free_port()
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(rank), str(port), json.dumps(fail_on), str(attempts)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
@@ -57,6 +57,9 @@ def _form(fail_on: dict[str, str], attempts: int = 3) -> list[tuple[int, str]]:
     for p in procs:
         out, _ = p.communicate(timeout=120)
         outs.append((p.returncode, out))
+    # Another process of the suite may bind the free port before rank 0's store does: try another port.
+    if port_retries and any("EADDRINUSE" in out for _, out in outs):
+        return _form(fail_on, attempts, port_retries - 1)
     return outs
 
 
