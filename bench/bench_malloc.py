@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import resource
 import statistics
@@ -30,6 +29,8 @@ import sys
 import threading
 import time
 from typing import Any
+
+from results_files import write_results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -43,13 +44,13 @@ def _train(data_root: str, out: dict[str, Any]) -> None:
     import torch
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from common import BATCH_SIZE, build_dataset, build_model
+    from common import BATCH_SIZE, LEARNING_RATE, build_dataset, build_model
 
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(build_model(), gradient_as_bucket_view=True)
     dataset = build_dataset(data_root)
     loader = DataLoader(dataset, batch_size=BATCH_SIZE, sampler=DistributedSampler(dataset, shuffle=True))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     criterion = torch.nn.CrossEntropyLoss()
     times = []
     for i, (images, labels) in enumerate(loader):
@@ -129,9 +130,6 @@ def main() -> None:
                "command": " ".join(["python", "bench/bench_malloc.py", *sys.argv[1:]]),
                "load_average_before": load_before, "load_average_after": os.getloadavg(),
                "steps": STEPS, "warmup": WARMUP, "summary": summary, "runs": runs}
-    os.makedirs(args.results_dir, exist_ok=True)
-    with open(os.path.join(args.results_dir, "malloc.json"), "w") as f:
-        json.dump(payload, f, indent=1)
     lines = [
         "# glibc malloc and the training step", "",
         f"`{payload['command']}` on {payload['created']}: 2 DDP ranks (gloo, 1 thread each) on 2 CPUs, the "
@@ -142,9 +140,7 @@ def main() -> None:
     for config, s in summary.items():
         lines.append(f"| {config} | {s['step_ms']:.0f} | {s['faults_per_step']:.0f} | {s['kernel_ms_per_step']:.0f} | "
                      f"{s['rss_mb']:.0f} |")
-    with open(os.path.join(args.results_dir, "malloc.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.results_dir, "malloc", payload, lines)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,13 @@ evaluate step does. Medians of ``--repeats`` after one warm-up. Writes bench/res
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import sys
 import time
+
+from results_files import write_results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -81,18 +82,13 @@ def main() -> None:
     result = {"machine": {"cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                           "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
               "repeats": args.repeats, "runs": runs}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "network.json"), "w") as f:
-        json.dump(result, f, indent=1)
     lines = ["| architecture | weights | training step (batch 128, 1 thread) | 10,000 test images (2 threads) | "
              "64-image call p50 (2 threads) |", "|---|---|---|---|---|"]
     lines += [f"| `{r['architecture']}` | {r['parameters'] / 1e6:.1f}M | {r['train_step_s']:.3f} s | "
               f"{r['score_10k_s']:.2f} s | {r['call_64_p50_ms']:.0f} ms |" for r in runs]
     lines += ["", f"Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f}; "
               f"{os.cpu_count()} cores; medians of {args.repeats}."]
-    with open(os.path.join(args.out, "network.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, "network", result, lines)
 
 
 if __name__ == "__main__":

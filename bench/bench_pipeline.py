@@ -23,6 +23,8 @@ import tempfile
 import threading
 import time
 
+from results_files import write_results
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
@@ -157,9 +159,6 @@ def main() -> None:
         if server.pid:
             os.kill(server.pid, 15)
     machine = {"cores": os.cpu_count(), "python": platform.python_version(), "load_avg_after": os.getloadavg()}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"{args.tag}.json"), "w") as f:
-        json.dump({"machine": machine, "prefect_server": server.how, "runs": runs}, f, indent=1)
     lines = ["| epochs | training images | pipeline wall (s) | download | train task | evaluate | register "
              "| trainlib fit() (s) | overhead beyond fit() (s) | Prefect server CPU while training "
              "| Ray services CPU while training | test accuracy |", "|---" * 12 + "|"]
@@ -171,9 +170,7 @@ def main() -> None:
                      f"{100 * r['test_accuracy']:.2f}% |")
     lines.append(f"\nMachine: {machine['cores']} cores, load average after the run {machine['load_avg_after']}. "
                  "CPU shares are of the whole machine (all cores).")
-    with open(os.path.join(args.out, f"{args.tag}.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, args.tag, {"machine": machine, "prefect_server": server.how, "runs": runs}, lines)
 
 
 def _free_port() -> int:

@@ -26,6 +26,7 @@ import time
 import psutil
 
 from bench_overhead import JOBS, REPO, TreeSampler, job_env, machine_info
+from results_files import write_results
 
 VARIANTS = {
     "trainlib-dataloader": ("trainlib", "dataloader"),
@@ -116,9 +117,6 @@ def main(argv: list[str] | None = None) -> int:
                            "batch_per_worker": BATCH, "workers": WORKERS},
               "machine": machine_info(), "load_average_before": load_before, "load_average_after": os.getloadavg(),
               "summary": rows, "runs": runs}
-    os.makedirs(args.results_dir, exist_ok=True)
-    with open(os.path.join(args.results_dir, "ray_data.json"), "w") as f:
-        json.dump(report, f, indent=1)
     lines = ["# Ray Data vs DataLoader on the tutorial job", "",
              f"Reproduce: `python bench/bench_ray_data.py --steps {args.steps} --repeats {args.repeats}`; written "
              f"{report['created']}. ResNet18 on the real FashionMNIST, 2 workers x batch {BATCH}, {args.steps} steps, "
@@ -131,9 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                  ("samples_per_s", "time_to_first_step_s", "wall_s")]
         peak = f"{row['peak_rss_gb']:.2f}" if row["peak_rss_gb"] else "FAILED"
         lines.append(f"| {row['variant']} | {' | '.join(cells)} | {peak} |")
-    with open(os.path.join(args.results_dir, "ray_data.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.results_dir, "ray_data", report, lines)
     return 0 if all(r["runs"] for r in rows) else 1
 
 

@@ -18,6 +18,8 @@ import platform
 import sys
 import time
 
+from results_files import write_results
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
@@ -87,9 +89,6 @@ def main() -> None:
               "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                           "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
               "runs": runs}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "recipe.json"), "w") as f:
-        json.dump(result, f, indent=1)
     lines = [f"Subset comparison: first {len(labels)} training images, {args.epochs} epoch(s), batch {args.batch_size}, "
              f"{args.threads} threads, one process; test accuracy on all {len(test_labels)} test images. "
              f"Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} (shared machine).", "",
@@ -97,9 +96,7 @@ def main() -> None:
     for r in runs:
         lines.append(f"| {r['recipe']['name']} | {100 * r['test_accuracy']:.2f}% | {r['test_loss']:.4f} | "
                      f"{r['train_seconds']:.0f} |")
-    with open(os.path.join(args.out, "recipe.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, "recipe", result, lines)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ import tempfile
 import time
 from typing import Any
 
+from results_files import write_results
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "results")
 BUCKET = "bench-report-cost"
@@ -252,9 +254,6 @@ def main() -> None:
         "settings": {"reports": args.reports, "work_s": args.work_s, "repeats": args.repeats, "workers": 2},
         "checkpoint_bytes": size, "local_copy_s": copy_s, "summary": summary, "runs": runs,
     }
-    os.makedirs(args.results_dir, exist_ok=True)
-    with open(os.path.join(args.results_dir, "report_cost.json"), "w") as f:
-        json.dump(result, f, indent=1)
     lines = [
         f"# Cost of report() with a ResNet18 checkpoint ({size / 1e6:.1f} MB)",
         "",
@@ -272,9 +271,7 @@ def main() -> None:
             f"| {s['framework']} | {s['target']} | {s['report_s_median']:.3f} s / {s['report_s_max']:.3f} s "
             f"| {s['save_s_median']:.3f} s | {s['loop_lost_per_report_s']:.3f} s "
             f"| {s['fit_lost_per_report_s']:.3f} s | {s['fit_s_with']:.1f} s / {s['fit_s_without']:.1f} s |")
-    with open(os.path.join(args.results_dir, "report_cost.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.results_dir, "report_cost", result, lines)
 
 
 if __name__ == "__main__":
