@@ -24,17 +24,19 @@ import json, sys
 import ray
 import trainlib
 from malloc_probe import refaulted_pages
+from trainlib._internal.util.allocator import step_allocations_kept
 from trainlib.torch import TorchTrainer
 
 
 def train_func(config):
     print(f"WORKER_SAYS rank={trainlib.get_context().get_world_rank()} fit={config['fit']}", flush=True)
     trainlib.report({"fit": config["fit"], "torch_loaded": "torch" in sys.modules,
-                     "pyarrow_loaded": "pyarrow" in sys.modules, "refaulted": refaulted_pages()})
+                     "pyarrow_loaded": "pyarrow" in sys.modules, "refaulted": refaulted_pages(),
+                     "malloc_kept": step_allocations_kept()})
     print(f"WORKER_ENDS rank={trainlib.get_context().get_world_rank()} fit={config['fit']}")
 
 
-results, torch_loaded, pyarrow_loaded, refaulted = [], [], [], []
+results, torch_loaded, pyarrow_loaded, refaulted, malloc_kept = [], [], [], [], []
 # The first fit starts Ray: a trainer without a framework has its workers preload no torch. The lean Ray
 # then serves a second fit() in the same process, a TorchTrainer's.
 for fit, trainer_class in ((1, trainlib.DataParallelTrainer), (2, TorchTrainer)):
@@ -45,6 +47,7 @@ for fit, trainer_class in ((1, trainlib.DataParallelTrainer), (2, TorchTrainer))
     torch_loaded.append(result.metrics["torch_loaded"])
     pyarrow_loaded.append(result.metrics["pyarrow_loaded"])
     refaulted.append(result.metrics["refaulted"])
+    malloc_kept.append(result.metrics["malloc_kept"])
 node = ray._private.worker._global_node
 alive = {kind: [info.process.poll() is None for info in infos] for kind, infos in node.all_processes.items()}
 # The ports the raylet was given for its agents (agent_ports.py), against the ones the agents wrote once they listened.
@@ -63,7 +66,8 @@ results.append(trainlib.DataParallelTrainer(
     run_config=trainlib.RunConfig(name="fit3", storage_path=sys.argv[1])).fit().metrics["fit"])
 import threading
 readers = [t.name for t in threading.enumerate() if t.name == "trainlib-worker-logs"]
-state = {"results": results, "torch_loaded": torch_loaded, "pyarrow_loaded": pyarrow_loaded, "refaulted": refaulted,
+state = {"results": results, "torch_loaded": torch_loaded, "pyarrow_loaded": pyarrow_loaded,
+         "refaulted": refaulted, "malloc_kept": malloc_kept,
          "alive": alive, "session_dir": session_dir, "log_readers": len(readers),
          "ports_given": given, "ports_written": written,
          "listen_flag": [arg for arg in raylet_cmd if arg.startswith("--dashboard_agent_listen_port=")],
@@ -113,8 +117,12 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     # not in the workers of either fit, nor in the driver.
     assert state["pyarrow_loaded"] == [False, False, False]
     # A TorchTrainer's workers keep a step's freed memory for the next step (allocator.py): 24 MB allocated
-    # again fault nothing in, where a worker with glibc's defaults (the torch-free trainer's) faults most pages.
-    assert state["refaulted"][0] > PAGES / 2 and state["refaulted"][1] < PAGES / 10, state["refaulted"]
+    # again fault nothing in. The torch-free trainer's workers keep glibc's defaults. How many pages those
+    # fault in depends on the process's past allocations (glibc's adaptive thresholds: 6,000 in a fresh
+    # process, 0 in one CI run), so only the settings are checked there; test_allocator.py compares the
+    # two in fresh processes.
+    assert state["malloc_kept"] == [False, True]
+    assert state["refaulted"][1] < PAGES / 10, state["refaulted"]
     # The daemons an embedded run never uses were not started (the dashboard head, the autoscaler monitor);
     # the ones it needs still run.
     assert "dashboard" not in state["alive"] and "monitor" not in state["alive"]

@@ -17,9 +17,9 @@ from trainlib._internal.util import allocator
 PROBE = r"""
 import json, sys
 from malloc_probe import refaulted_pages
-from trainlib._internal.util.allocator import keep_step_allocations
+from trainlib._internal.util.allocator import keep_step_allocations, step_allocations_kept
 applied = keep_step_allocations() if sys.argv[1] == "tuned" else False
-print(json.dumps({"applied": applied, "faults": refaulted_pages()}))
+print(json.dumps({"applied": applied, "kept": step_allocations_kept(), "faults": refaulted_pages()}))
 """
 
 def _faults(mode: str, **env: str) -> dict:
@@ -33,7 +33,7 @@ def _faults(mode: str, **env: str) -> dict:
 @pytest.mark.skipif(not allocator._glibc(), reason="glibc's mallopt")
 def test_a_steps_allocations_are_kept_instead_of_faulted_in_again():
     default, tuned = _faults("default"), _faults("tuned")
-    assert tuned["applied"] is True
+    assert tuned["applied"] is True and tuned["kept"] is True and default["kept"] is False
     assert default["faults"] > PAGES / 2  # most of the 24 MB of 4 KB pages, faulted in again
     assert tuned["faults"] < default["faults"] / 10
 
@@ -41,4 +41,5 @@ def test_a_steps_allocations_are_kept_instead_of_faulted_in_again():
 @pytest.mark.skipif(not allocator._glibc(), reason="glibc's mallopt")
 def test_a_user_who_configured_malloc_is_left_alone():
     assert _faults("tuned", MALLOC_ARENA_MAX="2")["applied"] is False
+    assert _faults("tuned", MALLOC_ARENA_MAX="2")["kept"] is False
     assert _faults("tuned", GLIBC_TUNABLES="glibc.malloc.trim_threshold=1000")["applied"] is False

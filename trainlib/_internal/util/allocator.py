@@ -28,6 +28,9 @@ logger = logging.getLogger("trainlib")
 _M_TRIM_THRESHOLD = -1  # glibc's <malloc.h>
 _M_MMAP_THRESHOLD = -3
 _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
+# Whether this process runs with the settings. glibc cannot be asked: a process whose own allocations
+# already raised glibc's adaptive thresholds to their maximum behaves the same with and without them.
+_kept = False
 
 
 def keep_step_allocations(mmap_threshold: int = tunables.WORKER_MALLOC_MMAP_THRESHOLD_BYTES,
@@ -46,7 +49,14 @@ def keep_step_allocations(mmap_threshold: int = tunables.WORKER_MALLOC_MMAP_THRE
     except (OSError, AttributeError) as exc:
         logger.debug("glibc malloc settings not applied: %s", exc)
         return False
+    global _kept
+    _kept = _kept or applied
     return applied
+
+
+def step_allocations_kept() -> bool:
+    """Whether :func:`keep_step_allocations` applied its settings in this process."""
+    return _kept
 
 
 def _glibc() -> bool:
