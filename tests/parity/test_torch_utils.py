@@ -15,8 +15,8 @@ import trainlib.torch as tt
 from trainlib.torch import TorchTrainer
 
 
-def _run(func, storage_path, config=None, num_workers=2, name=None, torch_config=None):
-    return TorchTrainer(func, train_loop_config=config, torch_config=torch_config,
+def _run(func, storage_path, config=None, num_workers=2, name=None):
+    return TorchTrainer(func, train_loop_config=config,
                         scaling_config=trainlib.ScalingConfig(num_workers=num_workers),
                         run_config=trainlib.RunConfig(name=name, storage_path=storage_path, verbose=False)).fit()
 
@@ -43,8 +43,7 @@ def seeded_train_func(config):
     with tempfile.TemporaryDirectory() as folder:
         if trainlib.get_context().get_world_rank() == 0:
             torch.save(model.module.state_dict(), os.path.join(folder, "model.pt"))
-        trainlib.report({"loss": loss.item(), "comm_hooks": [hook.__name__ for hook, _ in model._comm_hooks]},
-                        checkpoint=trainlib.Checkpoint.from_directory(folder))
+        trainlib.report({"loss": loss.item()}, checkpoint=trainlib.Checkpoint.from_directory(folder))
 
 
 def _weights(result):
@@ -53,21 +52,12 @@ def _weights(result):
 
 
 def test_two_runs_with_the_same_seed_give_bit_identical_weights(ray_session, storage_path):
-    result = _run(seeded_train_func, storage_path, {"seed": 7})
-    first = _weights(result)
+    first = _weights(_run(seeded_train_func, storage_path, {"seed": 7}))
     second = _weights(_run(seeded_train_func, storage_path, {"seed": 7}))
     other = _weights(_run(seeded_train_func, storage_path, {"seed": 8}))
     for name in first:
         assert torch.equal(first[name], second[name]), name  # bit-identical, not merely close
     assert any(not torch.equal(first[n], other[n]) for n in first)  # and the seed matters
-    # Two CPU workers on one node sum their gradients through shared memory (_local_allreduce.py), to the
-    # same bits as gloo's own allreduce, which the run with it turned off uses.
-    assert result.metrics["comm_hooks"] == ["local_allreduce_hook"]
-    plain = _run(seeded_train_func, storage_path, {"seed": 7}, torch_config=tt.TorchConfig(shared_memory_allreduce=False))
-    assert plain.metrics["comm_hooks"] == []
-    plain_weights = _weights(plain)
-    for name in first:
-        assert torch.equal(first[name], plain_weights[name]), name
 
 
 def test_enable_reproducibility_sets_the_deterministic_switches():

@@ -15,9 +15,6 @@ MAX_PENDING_UPLOADS_PER_WORKER = 2
 # torch.distributed: process-group start-up and every collective time out after this,
 # so a hung collective becomes a worker failure instead of a hang.
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
-# DDP's shared-memory allreduce (trainlib/torch/_local_allreduce.py) sums buckets in chunks of this
-# size; its buffer holds 2 chunks per local rank. 1, 4 and 16 MB gave the same step times.
-LOCAL_ALLREDUCE_CHUNK_BYTES = 1 << 20
 
 # Times all ranks form a gloo process group before giving up: gloo's full-mesh connect fails now and
 # then with all ranks alive ("Connection closed by peer", also in PyTorch's own CI), and a new try works.

@@ -15,23 +15,13 @@ class TorchConfig:
         backend: ``"gloo"``, ``"nccl"``, or None for nccl with GPUs and gloo without.
         timeout_s: process-group start-up and every collective fail after this
             many seconds, so a hung collective becomes a worker failure.
-        shared_memory_allreduce: with gloo on CPUs and every worker on one node,
-            ``prepare_model``'s DDP sums gradients through shared memory instead of
-            gloo's TCP loopback (~2.5x faster on the tutorial's model; a trainlib
-            extension, ``trainlib/torch/_local_allreduce.py``). Set False for gloo's own
-            allreduce, e.g. with ``torch.distributed.algorithms.Join``, whose joined ranks
-            call gloo directly.
     """
 
     backend: str | None = None
     timeout_s: float = tunables.DEFAULT_COLLECTIVE_TIMEOUT_S
-    shared_memory_allreduce: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in (None, "gloo", "nccl"):
             raise ValueError(f"TorchConfig.backend={self.backend!r} is invalid: use 'gloo', 'nccl' or None (auto).")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
             raise ValueError(f"TorchConfig.timeout_s={self.timeout_s!r} is invalid: use a positive number of seconds.")
-        if not isinstance(self.shared_memory_allreduce, bool):
-            raise ValueError(f"TorchConfig.shared_memory_allreduce={self.shared_memory_allreduce!r} is invalid: "
-                             "use True or False.")

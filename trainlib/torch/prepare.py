@@ -46,10 +46,7 @@ def prepare_model(model: torch.nn.Module, move_to_device: bool | torch.device = 
             For DDP trainlib sets ``gradient_as_bucket_view=True`` unless given here: the
             gradients live in DDP's allreduce buckets instead of beside them, one copy less per
             step and one gradient-sized buffer less per worker (bench/results/ddp.md). Pass
-            False if your code calls ``detach_()`` on gradients. When every worker is a CPU process
-            of one node on gloo, DDP sums the gradients through shared memory instead of gloo's TCP
-            loopback (``TorchConfig.shared_memory_allreduce``; your own ``register_comm_hook`` on
-            the returned model replaces it).
+            False if your code calls ``detach_()`` on gradients.
 
     Returns:
         The model, wrapped in DDP when training with more than one worker (use
@@ -80,29 +77,9 @@ def prepare_model(model: torch.nn.Module, move_to_device: bool | torch.device = 
             kwargs.setdefault("device_ids", [device.index])
             kwargs.setdefault("output_device", device.index)
         model = DistributedDataParallel(model, **kwargs)
-        _use_local_allreduce(model, device)
     elif world_size > 1 and parallel_strategy == "fsdp":
         model = shard_model(model, device, kwargs)
     return model
-
-
-def _use_local_allreduce(model: torch.nn.parallel.DistributedDataParallel, device: torch.device) -> None:
-    """DDP's gradients summed through shared memory when every rank is a CPU process of this node on gloo
-    (and TorchConfig allows it): every rank decides alike, from what they share."""
-    import torch.distributed as dist
-
-    from trainlib.torch import _local_allreduce
-    from trainlib.torch._backend import TorchBackend
-
-    s = current_session()
-    backend = s.backend if s is not None else None
-    if not isinstance(backend, TorchBackend) or not backend.config.shared_memory_allreduce:
-        return
-    if device.type != "cpu" or dist.get_backend() != "gloo" or s.info.local_world_size != s.info.world_size:
-        return
-    allreduce = _local_allreduce.LocalAllreduce.create(timeout_s=backend.config.timeout_s)
-    if allreduce is not None:
-        _local_allreduce.install(model, allreduce)
 
 
 class _DeviceDataLoader:

@@ -66,7 +66,6 @@ class WorkerSession:
         self.start_checkpoint = attempt.checkpoint
         self.first_step = self.next_step = attempt.first_step
         self.device: Any = None  # set by the worker backend once the device is chosen (e.g. torch.device)
-        self.backend: Any = None  # the worker's WorkerBackend, whose settings the framework's helpers read
         self.metadata = metadata
         self.dataset_shards = dataset_shards or {}
         self.preemption: Any = None  # a trainlib.PreemptionInfo once the driver sees a node of the run draining

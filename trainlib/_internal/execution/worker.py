@@ -92,7 +92,6 @@ class TrainWorker:
 
                 train_fn = ray.get(train_fn)  # the driver put it once into the object store
             call = train_fn.load()
-            self.session.backend = self.backend
             self.session.device = self.backend.on_start(self.session.info)
             call()
             self.backend.on_shutdown()
