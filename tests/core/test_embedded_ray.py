@@ -1,5 +1,5 @@
 """The embedded Ray that fit() starts: lean (no dashboard head, no autoscaler monitor, no log monitor
-process, no torch in the workers of a trainer that does not use it), usable for several fits, workers' output reaches the
+process, no dashboard agent, no torch in the workers of a trainer that does not use it), usable for several fits, workers' output reaches the
 driver, and nothing of it outlives the driver's process.
 
 Runs a fresh Python process (no Ray initialised, no RAY_ADDRESS), as a user's script does.
@@ -55,8 +55,26 @@ import glob, os
 from trainlib._internal.execution import embedded_ray
 first_ray = embedded_ray._local_ray
 given = dict(first_ray.agent_ports.ports)
-written = {name: int(open(glob.glob(f"{node.get_session_dir_path()}/{name}_*")[0]).read()) for name in given}
-raylet_cmd = open(f"/proc/{node.all_processes['raylet'][0].process.pid}/cmdline").read().split("\0")
+written = {name: int(open(files[0]).read()) for name in given
+           if (files := glob.glob(f"{node.get_session_dir_path()}/{name}_*"))}
+raylet_pid = node.all_processes['raylet'][0].process.pid
+raylet_cmd = open(f"/proc/{raylet_pid}/cmdline").read().split("\0")
+# The raylet's agents: the runtime-env agent, and the stand-in in the dashboard agent's place.
+import psutil, socket
+children = {}
+for child in psutil.Process(raylet_pid).children():
+    try:
+        children[child.pid] = " ".join(child.cmdline())
+    except psutil.Error:  # a worker that has just exited
+        pass
+agents = [cmd for cmd in children.values() if not cmd.startswith("ray::") or "Agent" in cmd]
+stand_in_pids = [pid for pid, cmd in children.items() if "dashboard_agent_stand_in" in cmd]
+refused = []
+for name in ("metrics_agent_port", "metrics_export_port"):
+    try:
+        socket.create_connection(("127.0.0.1", given[name]), timeout=5).close()
+    except ConnectionRefusedError:
+        refused.append(name)
 pyarrow_loaded.append("pyarrow" in sys.modules)  # and the driver's
 session_dir = node.get_session_dir_path()
 # The user shuts that Ray down; the next fit() starts another, whose workers' output reaches the driver too.
@@ -71,7 +89,8 @@ state = {"results": results, "torch_loaded": torch_loaded, "pyarrow_loaded": pya
          "alive": alive, "session_dir": session_dir, "log_readers": len(readers),
          "ports_given": given, "ports_written": written,
          "listen_flag": [arg for arg in raylet_cmd if arg.startswith("--dashboard_agent_listen_port=")],
-         "first_ports_released": first_ray.agent_ports._sockets == []}
+         "first_ports_released": first_ray.agent_ports._sockets == [], "agents": agents,
+         "stand_in_pids": stand_in_pids, "refused": refused}
 print("STATE " + json.dumps(state), flush=True)
 """
 
@@ -139,16 +158,25 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     assert re.search(r"\(TrainWorker pid=\d+\)(\x1b\[0m)? WORKER_SAYS rank=1 fit=2", output), output[-3000:]
     assert "log_monitor.py" not in output  # the reader's own INFO lines stay out of the user's console
     # The raylet was given its agents' ports instead of waiting for each agent to pick one and write it to a
-    # file (~0.7 s before the node registers): the agents then listened on those very ports.
+    # file (~0.7 s before the node registers): the runtime-env agent then listened on its very port.
     assert set(state["ports_given"]) == {"runtime_env_agent_port", "metrics_agent_port", "metrics_export_port"}
-    assert state["ports_written"] == state["ports_given"]
+    assert state["ports_written"] == {"runtime_env_agent_port": state["ports_given"]["runtime_env_agent_port"]}
     assert len(state["listen_flag"]) == 1  # the HTTP port too, which Ray itself leaves to the agent's file
+    # No dashboard agent (dashboard_agent.py): the raylet runs the runtime-env agent and the stand-in, which
+    # serves nothing; a connection to the dashboard agent's ports is refused at once, not left hanging.
+    assert len(state["agents"]) == 2, state["agents"]
+    assert any("RuntimeEnvAgent" in agent for agent in state["agents"]), state["agents"]
+    assert not any("dashboard/agent.py" in agent or "DashboardAgent" in agent for agent in state["agents"])
+    assert len(state["stand_in_pids"]) == 1
+    assert state["refused"] == ["metrics_agent_port", "metrics_export_port"]
     assert state["first_ports_released"]  # the first Ray's reservation ended when the user shut it down
     # The driver's fast shutdown left nothing of the session running (bounded wait for the reaping).
     deadline = time.time() + 30
     while _session_processes(state["session_dir"]) and time.time() < deadline:
         time.sleep(0.5)
     assert _session_processes(state["session_dir"]) == []
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in state["stand_in_pids"])  # nor the stand-in, whose command names no session
 
 
 ARROW_SCRIPT = r"""

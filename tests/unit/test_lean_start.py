@@ -108,32 +108,33 @@ def test_the_raylet_alone_gets_the_agents_http_port_flag_and_rays_steps_come_bac
     assert (Node.start_raylet, services.start_ray_process) == original and reserved.ports == {}
 
 
-def test_ports_are_reserved_only_for_the_agents_servers_that_run(monkeypatch):
+def test_every_agent_port_is_reserved_for_the_stand_in_writes_none(monkeypatch):
     import types
 
     from ray._private import services
     from ray._private import utils as ray_utils
     from ray._private.node import Node
 
-    from trainlib._internal.execution import agent_ports
+    from trainlib._internal.execution import agent_ports, dashboard_agent
 
     started = []
 
     def fake_start_raylet(self):  # stands for Ray's: starts the raylet through start_ray_process
-        services.start_ray_process(["raylet"], "raylet")
+        services.start_ray_process(["raylet", "--dashboard_agent_command=python agent.py"], "raylet")
 
     monkeypatch.setattr(Node, "start_raylet", fake_start_raylet)
     monkeypatch.setattr(services, "start_ray_process", lambda command, process_type, *a, **k: started.append(command))
-    for dependency_error, expected in ((None, {"runtime_env_agent_port", "metrics_agent_port", "metrics_export_port"}),
-                                       (ImportError("aiohttp"), {"runtime_env_agent_port"})):
+    # With the dashboard's dependencies or without ("minimal" Ray, whose agent would write -1 for its ports):
+    # the stand-in writes no port file, so the raylet must be given them all, or it would wait for them.
+    for dependency_error in (None, ImportError("aiohttp")):
         monkeypatch.setattr(ray_utils, "get_dashboard_dependency_error", lambda: dependency_error)
         # Ray's defaults: every port 0 (the agent picks) but the HTTP one, which has a fixed default.
         params = types.SimpleNamespace(runtime_env_agent_port=0, metrics_agent_port=0, metrics_export_port=None,
                                        dashboard_agent_listen_port=52365)
         with agent_ports.agent_ports_given_to_raylet() as reserved:
             Node.start_raylet(types.SimpleNamespace(_ray_params=params))
-        assert set(reserved.ports) == expected
+        assert set(reserved.ports) == {"runtime_env_agent_port", "metrics_agent_port", "metrics_export_port"}
         assert all(getattr(params, name) == port for name, port in reserved.ports.items())
         reserved.release()
-    # A "minimal" agent (no dashboard dependencies) serves no HTTP: the raylet is not told a port for it.
-    assert started == [["raylet", "--dashboard_agent_listen_port=52365"], ["raylet"]]
+    stand_in = dashboard_agent.with_stand_in(["--dashboard_agent_command=python agent.py"])
+    assert started == [["raylet", *stand_in, "--dashboard_agent_listen_port=52365"]] * 2

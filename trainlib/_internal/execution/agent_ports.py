@@ -5,8 +5,11 @@ runtime-env agent) and, for each of their ports it was not given, waits until th
 one and written it to a file. The dashboard agent writes its HTTP port last, after importing its
 modules: ~0.7 s after its start on a quiet 2-core machine, and until then the raylet neither
 registers the node nor starts a worker. Given the ports, the raylet registers at once and its
-workers import torch while the agents start. What needs an agent retries until it answers, as
-after an agent restart: the raylet's metrics exporter, a runtime env's setup.
+workers import torch while the runtime-env agent starts. What needs an agent retries until it
+answers, as after an agent restart: a runtime env's setup.
+
+Given every port, the raylet also runs a stand-in in place of the dashboard agent
+(``dashboard_agent.py``): nothing would write that agent's ports, which is why the two go together.
 
 Each port is reserved, not only picked: a socket of this process stays bound to it (SO_REUSEADDR,
 never listening) until the node is shut down. Meanwhile the kernel gives the port to no other
@@ -15,7 +18,8 @@ as every server in Ray does, listens on it. Picking a free port and closing it w
 every process starting a server meanwhile: that is why Ray lets its agents pick.
 
 Ray's ``Node.start_raylet`` and ``services.start_ray_process`` (private) are replaced for the
-block; with a Ray whose raylet lacks the flag for the HTTP port, Ray's own start is kept.
+block; with a Ray whose raylet lacks the flag for the HTTP port, Ray's own start is kept (and its
+dashboard agent).
 """
 
 from __future__ import annotations
@@ -29,14 +33,14 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from trainlib._internal.execution.dashboard_agent import with_stand_in
 from trainlib._internal.util.patching import replaced_attribute
 
 logger = logging.getLogger("trainlib")
 
-RUNTIME_ENV_AGENT_PORTS = ("runtime_env_agent_port",)
-# Only a full dashboard agent (the dashboard's dependencies installed) serves these; a "minimal"
-# one writes -1 for them at once, so the raylet has nothing to wait for.
-DASHBOARD_AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port")
+# Every port a raylet waits for an agent to write when it is not given it. The dashboard agent's are
+# given too, for its stand-in never writes them; Ray's "minimal" agent would write -1 for them.
+AGENT_PORTS = ("runtime_env_agent_port", "metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port")
 # Ray passes every other port to the raylet; this one it leaves for the raylet to read from the agent's file.
 LISTEN_PORT_FLAG = "--dashboard_agent_listen_port"
 
@@ -83,15 +87,11 @@ def agent_ports_given_to_raylet() -> Iterator[ReservedAgentPorts]:
 
     def wrap(original: Callable[..., None]) -> Callable[..., None]:
         def start_raylet(self: Any, *args: Any, **kwargs: Any) -> None:
-            from ray._private import utils as ray_utils
-
             params = self._ray_params
-            # Inside trainlib's lean start this is its import-free check (embedded_ray.dashboard_dependency_error).
-            full_agent = ray_utils.get_dashboard_dependency_error() is None
-            for name in RUNTIME_ENV_AGENT_PORTS + (DASHBOARD_AGENT_PORTS if full_agent else ()):
+            for name in AGENT_PORTS:
                 if not getattr(params, name, None):  # 0 or None: Ray would let the agent pick
                     setattr(params, name, reserved.reserve(name))
-            flags = [f"{LISTEN_PORT_FLAG}={params.dashboard_agent_listen_port}"] if full_agent else []
+            flags = [f"{LISTEN_PORT_FLAG}={params.dashboard_agent_listen_port}"]
             with replaced_attribute(services, "start_ray_process",
                                     lambda start: functools.partial(_start_with_flags, start, flags)):
                 original(self, *args, **kwargs)
@@ -103,9 +103,11 @@ def agent_ports_given_to_raylet() -> Iterator[ReservedAgentPorts]:
 
 def _start_with_flags(start: Callable[..., Any], flags: list[str], command: list[str], process_type: str,
                       *args: Any, **kwargs: Any) -> Any:
-    """Ray's ``start_ray_process``, with ``flags`` added to the raylet's command line."""
-    if process_type == "raylet" and not any(arg.startswith(LISTEN_PORT_FLAG) for arg in command):
-        command = [*command, *flags]
+    """Ray's ``start_ray_process``, with ``flags`` added to the raylet's command line and the dashboard agent's stand-in."""
+    if process_type == "raylet":
+        if not any(arg.startswith(LISTEN_PORT_FLAG) for arg in command):
+            command = [*command, *flags]
+        command = with_stand_in(command)
     return start(command, process_type, *args, **kwargs)
 
 

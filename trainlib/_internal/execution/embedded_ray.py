@@ -17,7 +17,8 @@ before Ray shuts down, where Ray's own exit hook sleeps 0.5 s for them to arrive
 serialization imports pyarrow in every process (41 MB each) unless it is told to wait for it
 (``lazy_arrow.py``): the driver and every worker of the embedded Ray are. Nor does the raylet wait
 for its agents to pick their ports before it registers the node and starts its workers: it is given
-ports reserved here (``agent_ports.py``). :func:`lean_local_start` is all of this, for
+ports reserved here (``agent_ports.py``). Without a dashboard head, the dashboard agent would only
+export Ray's metrics, which nothing reads: it is not started either (``dashboard_agent.py``). :func:`lean_local_start` is all of this, for
 ``fit()``'s embedded Ray and the pipeline's local one.
 
 A Ray that the user initialised, or a cluster (``RAY_ADDRESS``), is never touched.
@@ -36,6 +37,7 @@ from typing import Any
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.agent_ports import ReservedAgentPorts, agent_ports_given_to_raylet
+from trainlib._internal.execution.dashboard_agent import LEAN_SYSTEM_CONFIG
 from trainlib._internal.execution.lazy_arrow import defer_arrow_serializers
 from trainlib._internal.execution.ray_connect import probe_ray_address
 from trainlib._internal.execution.worker_logs import LogTail, SkippedLogMonitor, start_log_tail, without_log_monitor
@@ -87,7 +89,7 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
     # (/tmp/ray/ray_current_cluster), which may be someone else's.
     with lean_local_start() as lean:
         ray.init(address="local", include_dashboard=False, log_to_driver=True,
-                 _system_config={"preload_python_modules": [WORKER_SETUP_MODULE, *preload]})
+                 _system_config={**LEAN_SYSTEM_CONFIG, "preload_python_modules": [WORKER_SETUP_MODULE, *preload]})
     _started_here = True
     # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).
     atexit.register(shutdown_embedded_ray)
@@ -138,7 +140,8 @@ class LeanStart:
 def lean_local_start() -> Iterator[LeanStart]:
     """Inside the block, a local Ray node is started lean: no unused daemons (:func:`without_unused_daemons`),
     no log monitor process (``worker_logs.py``), a raylet that does not wait for its agents' ports
-    (``agent_ports.py``). After the block, call :meth:`LeanStart.started` (or ``joined``)."""
+    (``agent_ports.py``) and runs no dashboard agent (``dashboard_agent.py``; pass
+    :data:`LEAN_SYSTEM_CONFIG` to ``ray.init``). After the block, call :meth:`LeanStart.started` (or ``joined``)."""
     with without_unused_daemons(), without_log_monitor() as log_monitor, \
             agent_ports_given_to_raylet() as agent_ports:
         try:

@@ -1,0 +1,65 @@
+"""The stand-in a lean local Ray node's raylet runs in place of the dashboard agent (dashboard_agent.py)."""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from trainlib._internal.execution import dashboard_agent
+
+
+def test_the_raylet_is_given_the_stand_in_for_the_dashboard_agent_only():
+    command = ["raylet", "--dashboard_agent_command=/usr/bin/python -u /ray/dashboard/agent.py --head",
+               "--runtime_env_agent_command=/usr/bin/python -u /ray/runtime_env/agent/main.py", "--x=1"]
+    edited = dashboard_agent.with_stand_in(command)
+    assert edited[0] == "raylet" and edited[2:] == command[2:]
+    flag, value = edited[1].split("=", 1)
+    assert flag == "--dashboard_agent_command"
+    # The raylet splits the value as a command line: it runs the stand-in by path, isolated.
+    assert shlex.split(value) == [sys.executable, "-I", "-S", dashboard_agent.STAND_IN]
+
+
+# The raylet starts the stand-in; here a throwaway parent process plays the raylet.
+PARENT = r"""
+import subprocess, sys, time
+child = subprocess.Popen([*sys.argv[1:], "--agent-args-the-raylet-appends"])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _wait_gone(proc: psutil.Process, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_stand_in_lives_as_long_as_its_raylet_and_ignores_ctrl_c():
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, *dashboard_agent.stand_in_command()],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        stand_in = psutil.Process(int(parent.stdout.readline()))
+        time.sleep(1.0)  # its start (the signal handlers are set in its first milliseconds)
+        stand_in.send_signal(signal.SIGINT)  # Ctrl-C reaches the whole process group: the driver handles it
+        time.sleep(1.5)
+        assert stand_in.is_running() and stand_in.status() != psutil.STATUS_ZOMBIE
+        parent.kill()  # the raylet dies without stopping its agents
+        assert _wait_gone(stand_in, timeout=5), "the stand-in outlived its raylet"
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_the_stand_in_stops_at_once_when_the_raylet_stops_it():
+    stand_in = subprocess.Popen(dashboard_agent.stand_in_command())
+    time.sleep(0.5)
+    stand_in.terminate()  # what the raylet sends its agents at shutdown
+    assert stand_in.wait(timeout=5) == 0  # exit code 0: an agent's normal stop, not a failure
