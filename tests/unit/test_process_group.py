@@ -88,3 +88,79 @@ def test_a_single_try_forms_the_group_without_a_verdict_round():
     # The path nccl takes (one try): the group forms and works on the first call.
     for code, out in _form({}, attempts=1):
         assert code == 0 and "SUM 3.0 CALLS 1" in out, out
+
+
+# Rank 0's side as a TrainWorker runs it: the driver has it open the rendezvous first, then starts every rank.
+EARLY_RANK0 = textwrap.dedent("""
+    import faulthandler, socket, sys
+    faulthandler.dump_traceback_later(90, exit=True)
+    import torch, torch.distributed as dist
+    from trainlib._internal.execution.spec import WorkerInfo
+    from trainlib.torch._backend import TorchBackend
+    from trainlib.torch.config import TorchConfig
+
+    backend = TorchBackend(TorchConfig(), use_gpu=False)
+    port = backend.open_rendezvous("127.0.0.1", 2)
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()  # listening before this rank starts
+    print("PORT", port, flush=True)
+    sys.stdin.readline()  # rank 1 connects meanwhile
+    backend.on_start(WorkerInfo(world_rank=0, world_size=2, local_rank=0, local_world_size=2, node_rank=0,
+                                master_addr="127.0.0.1", master_port=port))
+    t = torch.tensor([1.0])
+    dist.all_reduce(t)
+    print("SUM", t.item(), flush=True)
+    backend.on_shutdown()
+""")
+
+EARLY_RANK1 = textwrap.dedent("""
+    import datetime, faulthandler, sys
+    faulthandler.dump_traceback_later(90, exit=True)
+    import torch, torch.distributed as dist
+    from trainlib.torch._process_group import init_process_group
+
+    port = int(sys.argv[1])
+    # A client of rank 0's store, connected while rank 0 has not started (one try: no waiting for it).
+    dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=datetime.timedelta(seconds=60))
+    print("CONNECTED", flush=True)
+    init_process_group("gloo", "127.0.0.1", port, 1, 2, datetime.timedelta(seconds=60))
+    t = torch.tensor([2.0])
+    dist.all_reduce(t)
+    print("SUM", t.item(), flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def test_rank_zero_opens_its_store_before_any_rank_starts_so_early_ranks_connect_at_once():
+    # torch's store client backs off while nothing listens (0.93 s lost by a rank 0.5 s early): the
+    # store is up from open_rendezvous on, and rank 0 forms the group on that same store.
+    rank0 = subprocess.Popen([sys.executable, "-c", EARLY_RANK0], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    rank1 = None
+    try:
+        first = rank0.stdout.readline()
+        assert first.startswith("PORT "), first + rank0.stdout.read()
+        rank1 = subprocess.Popen([sys.executable, "-c", EARLY_RANK1, first.split()[1]], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+        connected = rank1.stdout.readline()
+        assert connected.strip() == "CONNECTED", connected + rank1.stdout.read()
+        out0, _ = rank0.communicate("go\n", timeout=120)
+        out1, _ = rank1.communicate(timeout=120)
+    finally:
+        for p in (rank0, rank1):
+            if p is not None and p.poll() is None:
+                p.kill()
+    assert rank0.returncode == 0 and "SUM 3.0" in out0, out0
+    assert rank1.returncode == 0 and "SUM 3.0" in out1, out1
+
+
+def test_a_backend_without_a_rendezvous_of_its_own_gives_a_free_port():
+    import socket
+
+    from trainlib._internal.execution.worker import WorkerBackend
+    from trainlib.torch._backend import TorchBackend
+    from trainlib.torch.config import TorchConfig
+
+    for backend in (WorkerBackend(), TorchBackend(TorchConfig(), use_gpu=False)):  # torch's, with one rank
+        port = backend.open_rendezvous("127.0.0.1", 1)
+        with socket.socket() as s:
+            s.bind(("", port))  # nothing holds it

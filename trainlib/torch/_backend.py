@@ -10,7 +10,7 @@ from trainlib._internal.execution.embedded_ray import TORCH_MODULES
 from trainlib._internal.execution.spec import WorkerInfo
 from trainlib._internal.execution.worker import WorkerBackend
 from trainlib._internal.util.allocator import keep_step_allocations
-from trainlib.torch._process_group import init_process_group
+from trainlib.torch._process_group import init_process_group, open_store
 from trainlib.torch.config import TorchConfig
 
 
@@ -20,6 +20,7 @@ class TorchBackend(WorkerBackend):
     def __init__(self, config: TorchConfig, use_gpu: bool):
         self.config = config
         self.use_gpu = use_gpu
+        self._store: Any = None  # rank 0's store, open from open_rendezvous until the group is formed
 
     def on_actor_start(self, num_cpus: float) -> None:
         import torch  # the expensive import happens while the driver is still preparing
@@ -29,11 +30,20 @@ class TorchBackend(WorkerBackend):
         # Unlike torchrun: a step's tensors are not handed back to the kernel and faulted in again each step.
         keep_step_allocations()
 
+    def open_rendezvous(self, host: str, world_size: int) -> int:
+        """Rank 0's store, listening from now on: ranks that are ready first find it up (``_process_group``)."""
+        if world_size < 2:  # no process group: nothing to listen for
+            return super().open_rendezvous(host, world_size)
+        self._store = open_store(host, world_size, datetime.timedelta(seconds=self.config.timeout_s))
+        return self._store.port
+
     def on_start(self, info: WorkerInfo) -> Any:
         """Pick this worker's device and join the process group; return the device (kept on the session)."""
+        store, self._store = self._store, None  # the group keeps it; a restart opens a new one
         device = select_device(self.use_gpu, info.gpu_index)
         if info.world_size > 1:
-            init_process_group(**process_group_args(self.config, info, device))
+            init_process_group(**process_group_args(self.config, info, device),
+                               store=store if info.world_rank == 0 else None)
         return device
 
     def on_shutdown(self) -> None:

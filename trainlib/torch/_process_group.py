@@ -8,6 +8,11 @@ ranks share one TCP store (rank 0 hosts it, as ``init_method="tcp://..."`` would
 each try, each rank posts whether it joined; when any rank failed, the ones that joined leave
 the group again and all try once more under a fresh key prefix of the store. nccl and other
 errors are not retried.
+
+Rank 0's store is opened before any rank starts (:func:`open_store`, called through the driver), as
+torchrun's agent hosts its store before it starts the ranks: a rank that connects before the store
+listens backs off, and torch's client retries at growing intervals (measured: 0.2 s early cost 0.22 s,
+0.5 s early 0.93 s), while which rank finishes importing the user's modules first is chance.
 """
 
 from __future__ import annotations
@@ -24,19 +29,28 @@ logger = logging.getLogger("trainlib")
 _TRANSIENT_SIGN = "connectFullMesh"  # gloo's message for a failed pairwise connect at group creation
 
 
+def open_store(host: str, world_size: int, timeout: datetime.timedelta) -> Any:
+    """Rank 0's TCP store, listening at once on a port the system picks (its ``port``); waits for nobody."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+
+
 def init_process_group(backend: str, master_addr: str, master_port: int, rank: int, world_size: int,
                        timeout: datetime.timedelta, device_id: Any = None,
                        attempts: int = tunables.GLOO_CONNECT_ATTEMPTS,
-                       init: Callable[..., None] | None = None) -> None:
+                       init: Callable[..., None] | None = None, store: Any = None) -> None:
     """``torch.distributed.init_process_group`` for this rank; gloo's connect failures retried by all ranks at once.
 
     ``init``: the function that creates the group (``torch.distributed.init_process_group``; tests
-    pass a wrapper that fails).
+    pass a wrapper that fails). ``store``: rank 0's store from :func:`open_store`, already listening
+    at ``master_port``; without it rank 0 opens one there now.
     """
     import torch.distributed as dist
 
     init = init or dist.init_process_group
-    store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
+    if store is None:
+        store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
     extra = {"device_id": device_id} if device_id is not None else {}
     tries = attempts if backend == "gloo" else 1
     for attempt in range(1, tries + 1):

@@ -34,6 +34,16 @@ class WorkerBackend:
     def on_actor_start(self, num_cpus: float) -> None:
         """Warm up in the new actor process (imports, thread counts)."""
 
+    def open_rendezvous(self, host: str, world_size: int) -> int:
+        """In rank 0's actor, before any rank starts: the port every rank is given as ``MASTER_PORT``.
+
+        ``host``: this node's address, the one the other ranks are given as ``MASTER_ADDR``.
+        A backend with a rendezvous of its own opens it here; the default picks a free port.
+        """
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
     def on_start(self, info: WorkerInfo) -> Any:
         """Before the training function: join the process group, pick the device; return the device (or None)."""
         return None
@@ -67,10 +77,11 @@ class TrainWorker:
         extend_sys_path(driver_sys_path)
         return user_code.missing_modules(names)
 
-    def find_free_port(self) -> int:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
+    def open_rendezvous(self, world_size: int) -> int:
+        """Called on rank 0's actor before ``start``: the backend's rendezvous port on this node."""
+        import ray
+
+        return self.backend.open_rendezvous(ray.util.get_node_ip_address(), world_size)
 
     def start(self, start: WorkerStart) -> None:
         """Start the training function in a thread and return."""

@@ -112,7 +112,8 @@ class RayWorkerGroup:
         placements = self._placements or self.placements()
         by_index = list(self._actors)
         rank0 = plan_ranks(placements, 0).order[0]
-        master_port = ray.get(by_index[rank0].find_free_port.remote())  # free on rank 0's node
+        # Opened on rank 0's node before any rank starts, so no rank connects to it early and backs off.
+        master_port = ray.get(by_index[rank0].open_rendezvous.remote(len(by_index)))
         plan = plan_ranks(placements, master_port)
         self._actors = [by_index[i] for i in plan.order]
         self._placements = [placements[i] for i in plan.order]
