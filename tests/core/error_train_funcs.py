@@ -19,6 +19,11 @@ def failing_train_func(config):
         f.write(str(os.getpid()))
     trainlib.report({"step": 0})
     if rank == 1:
+        # Only once rank 0 runs (report() is no barrier): on a loaded machine its thread may start later.
+        rank0_pid = os.path.join(config["pid_dir"], "rank0.pid")
+        deadline = time.monotonic() + 120
+        while not os.path.exists(rank0_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
         raise_deep_inside(config["message"])
     time.sleep(600)  # rank 0 would wait "forever": the driver must stop it
 
