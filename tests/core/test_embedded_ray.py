@@ -1,5 +1,5 @@
 """The embedded Ray that fit() starts: lean (no dashboard head, no autoscaler monitor, no log monitor
-process, no dashboard agent, no torch in the workers of a trainer that does not use it), usable for several fits, workers' output reaches the
+process, no dashboard agent, a runtime-env agent only once asked for, no torch in the workers of a trainer that does not use it), usable for several fits, workers' output reaches the
 driver, and nothing of it outlives the driver's process.
 
 Runs a fresh Python process (no Ray initialised, no RAY_ADDRESS), as a user's script does.
@@ -59,7 +59,7 @@ written = {name: int(open(files[0]).read()) for name in given
            if (files := glob.glob(f"{node.get_session_dir_path()}/{name}_*"))}
 raylet_pid = node.all_processes['raylet'][0].process.pid
 raylet_cmd = open(f"/proc/{raylet_pid}/cmdline").read().split("\0")
-# The raylet's agents: the runtime-env agent, and the stand-in in the dashboard agent's place.
+# The raylet's agents: the runtime-env agent's forwarder, and the stand-in in the dashboard agent's place.
 import psutil, socket
 children = {}
 for child in psutil.Process(raylet_pid).children():
@@ -69,6 +69,20 @@ for child in psutil.Process(raylet_pid).children():
         pass
 agents = [cmd for cmd in children.values() if not cmd.startswith("ray::") or "Agent" in cmd]
 stand_in_pids = [pid for pid, cmd in children.items() if "dashboard_agent_stand_in" in cmd]
+forwarder = psutil.Process(next(pid for pid, cmd in children.items() if "runtime_env_agent_on_demand" in cmd))
+forwarder_listens = sorted(c.laddr.port for c in forwarder.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN)
+# The runtime-env agent starts at the first request for it (runtime_env_agent.py): none in the fits; then a
+# task asking for a runtime env gets it, from the agent started then.
+agent_before = [" ".join(c.cmdline()) for c in forwarder.children()]
+
+
+@ray.remote
+def env_probe():
+    return os.environ.get("TRAINLIB_PROBE")
+
+
+env_probe_saw = ray.get(env_probe.options(runtime_env={"env_vars": {"TRAINLIB_PROBE": "on"}}).remote(), timeout=300)
+agent_after = [" ".join(c.cmdline()).strip() for c in forwarder.children()]
 refused = []
 for name in ("metrics_agent_port", "metrics_export_port"):
     try:
@@ -90,7 +104,8 @@ state = {"results": results, "torch_loaded": torch_loaded, "pyarrow_loaded": pya
          "ports_given": given, "ports_written": written,
          "listen_flag": [arg for arg in raylet_cmd if arg.startswith("--dashboard_agent_listen_port=")],
          "first_ports_released": first_ray.agent_ports._sockets == [], "agents": agents,
-         "stand_in_pids": stand_in_pids, "refused": refused}
+         "stand_in_pids": stand_in_pids, "refused": refused, "forwarder_listens": forwarder_listens,
+         "agent_before": agent_before, "env_probe_saw": env_probe_saw, "agent_after": agent_after}
 print("STATE " + json.dumps(state), flush=True)
 """
 
@@ -158,14 +173,23 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     assert re.search(r"\(TrainWorker pid=\d+\)(\x1b\[0m)? WORKER_SAYS rank=1 fit=2", output), output[-3000:]
     assert "log_monitor.py" not in output  # the reader's own INFO lines stay out of the user's console
     # The raylet was given its agents' ports instead of waiting for each agent to pick one and write it to a
-    # file (~0.7 s before the node registers): the runtime-env agent then listened on its very port.
+    # file (~0.7 s before the node registers).
     assert set(state["ports_given"]) == {"runtime_env_agent_port", "metrics_agent_port", "metrics_export_port"}
-    assert state["ports_written"] == {"runtime_env_agent_port": state["ports_given"]["runtime_env_agent_port"]}
+    # No agent had started to write a port (the files Ray would wait for): the runtime-env agent's forwarder
+    # listened on the very port the raylet was given.
+    assert state["ports_written"] == {}
+    assert state["forwarder_listens"] == [state["ports_given"]["runtime_env_agent_port"]]
     assert len(state["listen_flag"]) == 1  # the HTTP port too, which Ray itself leaves to the agent's file
-    # No dashboard agent (dashboard_agent.py): the raylet runs the runtime-env agent and the stand-in, which
-    # serves nothing; a connection to the dashboard agent's ports is refused at once, not left hanging.
+    # No dashboard agent (dashboard_agent.py): the raylet runs the runtime-env agent's forwarder and the
+    # stand-in, which serves nothing; a connection to the dashboard agent's ports is refused at once, not left
+    # hanging.
     assert len(state["agents"]) == 2, state["agents"]
-    assert any("RuntimeEnvAgent" in agent for agent in state["agents"]), state["agents"]
+    assert any("runtime_env_agent_on_demand" in agent for agent in state["agents"]), state["agents"]
+    # No runtime-env agent while three fits ran (~80 MB and ~0.55 CPU-s spared); then a task's runtime env
+    # started it, and the task saw its environment.
+    assert state["agent_before"] == []
+    assert state["env_probe_saw"] == "on"
+    assert state["agent_after"] == ["ray::RuntimeEnvAgent"], state["agent_after"]
     assert not any("dashboard/agent.py" in agent or "DashboardAgent" in agent for agent in state["agents"])
     assert len(state["stand_in_pids"]) == 1
     assert state["refused"] == ["metrics_agent_port", "metrics_export_port"]

@@ -10,6 +10,8 @@ answers, as after an agent restart: a runtime env's setup.
 
 Given every port, the raylet also runs a stand-in in place of the dashboard agent
 (``dashboard_agent.py``): nothing would write that agent's ports, which is why the two go together.
+And it starts the runtime-env agent only when a runtime env is first asked for
+(``runtime_env_agent.py``): what listens on that agent's port from the start is a forwarder.
 
 Each port is reserved, not only picked: a socket of this process stays bound to it (SO_REUSEADDR,
 never listening) until the node is shut down. Meanwhile the kernel gives the port to no other
@@ -34,6 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainlib._internal.execution.dashboard_agent import with_stand_in
+from trainlib._internal.execution.runtime_env_agent import with_agent_on_demand
 from trainlib._internal.util.patching import replaced_attribute
 
 logger = logging.getLogger("trainlib")
@@ -103,11 +106,12 @@ def agent_ports_given_to_raylet() -> Iterator[ReservedAgentPorts]:
 
 def _start_with_flags(start: Callable[..., Any], flags: list[str], command: list[str], process_type: str,
                       *args: Any, **kwargs: Any) -> Any:
-    """Ray's ``start_ray_process``, with ``flags`` added to the raylet's command line and the dashboard agent's stand-in."""
+    """Ray's ``start_ray_process``, with ``flags`` added to the raylet's command line, the dashboard agent's
+    stand-in and the runtime-env agent started on demand."""
     if process_type == "raylet":
         if not any(arg.startswith(LISTEN_PORT_FLAG) for arg in command):
             command = [*command, *flags]
-        command = with_stand_in(command)
+        command = with_agent_on_demand(with_stand_in(command))
     return start(command, process_type, *args, **kwargs)
 
 

@@ -18,7 +18,9 @@ serialization imports pyarrow in every process (41 MB each) unless it is told to
 (``lazy_arrow.py``): the driver and every worker of the embedded Ray are. Nor does the raylet wait
 for its agents to pick their ports before it registers the node and starts its workers: it is given
 ports reserved here (``agent_ports.py``). Without a dashboard head, the dashboard agent would only
-export Ray's metrics, which nothing reads: it is not started either (``dashboard_agent.py``). :func:`lean_local_start` is all of this, for
+export Ray's metrics, which nothing reads: it is not started either (``dashboard_agent.py``). The
+runtime-env agent starts only when a task or actor first asks for a runtime env
+(``runtime_env_agent.py``). :func:`lean_local_start` is all of this, for
 ``fit()``'s embedded Ray and the pipeline's local one.
 
 A Ray that the user initialised, or a cluster (``RAY_ADDRESS``), is never touched.
@@ -140,8 +142,9 @@ class LeanStart:
 def lean_local_start() -> Iterator[LeanStart]:
     """Inside the block, a local Ray node is started lean: no unused daemons (:func:`without_unused_daemons`),
     no log monitor process (``worker_logs.py``), a raylet that does not wait for its agents' ports
-    (``agent_ports.py``) and runs no dashboard agent (``dashboard_agent.py``; pass
-    :data:`LEAN_SYSTEM_CONFIG` to ``ray.init``). After the block, call :meth:`LeanStart.started` (or ``joined``)."""
+    (``agent_ports.py``), runs no dashboard agent (``dashboard_agent.py``; pass
+    :data:`LEAN_SYSTEM_CONFIG` to ``ray.init``) and starts the runtime-env agent on demand
+    (``runtime_env_agent.py``). After the block, call :meth:`LeanStart.started` (or ``joined``)."""
     with without_unused_daemons(), without_log_monitor() as log_monitor, \
             agent_ports_given_to_raylet() as agent_ports:
         try:
