@@ -14,7 +14,6 @@ import dataclasses
 import time
 from typing import Any
 
-import ray
 from prefect import flow, get_run_logger
 from prefect.context import get_run_context
 from prefect_ray.context import remote_options
@@ -31,7 +30,7 @@ from tasks.artifacts import artifact_key
 from tasks.domain.home import PipelineHome
 from tasks.domain.lineage import dataset_identity, source_tags
 from tasks.domain.model_package import ModelCard
-from tasks.domain.progress import BoardSink, ProgressBoard
+from tasks.domain.progress import ProgressBoard
 from tasks.domain.recipe import get_recipe
 from tasks.domain.training_run import TrainingSettings
 from tasks.domain.urls import expand_path, join_url, mask_url
@@ -189,16 +188,16 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
                                          join_url(run.training.storage_path, "datasets")).result()
 
     with _Stopwatch() as train_time:
-        board = ProgressBoard.remote()  # rank 0 tells it where it is within the epoch; the display reads it
+        board = ProgressBoard.create()  # rank 0 tells it where it is within the epoch; the display reads it
         display = ProgressDisplay(board, get_run_logger(), key=artifact_key("training-progress", params.model_name),
                                   description=f"Training run {run.training.run_name}")
         train = train_model.with_options(timeout_seconds=params.train_timeout_s)
         try:
             with display, remote_options(num_cpus=0, num_gpus=0):  # the DDP workers hold the CPUs/GPUs
                 training = train.submit(staged, run.training, run.mlflow_tracking_uri, params.experiment_name,
-                                        run.tags, BoardSink(board)).result()
+                                        run.tags, board).result()
         finally:
-            ray.kill(board)
+            board.remove()
 
     with _Stopwatch() as evaluate_time, remote_options(num_cpus=largest_node_cpus()):  # the workers are done
         comparison = evaluate.submit(training, staged, run.data_cache_dir, params.test_limit, run.mlflow_tracking_uri,

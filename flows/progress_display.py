@@ -1,7 +1,7 @@
 """Showing rank 0's progress within the epoch while the train task runs. Runs in the flow-run process.
 
-A background thread polls the run's :class:`tasks.domain.progress.ProgressBoard` (a Ray
-actor), writes a line to the flow run's log (so to the terminal of ``python -m flows.main``
+A background thread polls the run's :class:`tasks.domain.progress.ProgressBoard` (a key in
+Ray's key-value store), writes a line to the flow run's log (so to the terminal of ``python -m flows.main``
 and to the Prefect UI) every ``log_every_s``, and moves a Prefect progress artifact every
 ``artifact_every_s``. Every call it makes is bounded and none of them is on trainlib's path:
 training never waits for this thread, and a slow or failing Prefect server only delays the
@@ -20,12 +20,9 @@ import threading
 import time
 from typing import Any
 
-import ray
-
 from tasks.domain.progress import EpochProgress
 
 POLL_S = 1.0            # how often the board is read
-POLL_TIMEOUT_S = 5.0    # a board that does not answer in this time is skipped this round
 LOG_EVERY_S = 10.0      # a progress line at most this often
 ARTIFACT_EVERY_S = 3.0  # the progress artifact moves at most this often
 STOP_TIMEOUT_S = 10.0   # how long leaving the display waits for the thread
@@ -35,7 +32,7 @@ class ProgressDisplay:
     """Polls a progress board in a thread; logs and moves a progress artifact (see the module docstring).
 
     Args:
-        board: the :class:`ProgressBoard` actor handle.
+        board: the run's :class:`ProgressBoard`.
         logger: the flow run's logger.
         key: the progress artifact's key.
         description: the progress artifact's description.
@@ -81,8 +78,8 @@ class ProgressDisplay:
         from prefect.artifacts import update_progress_artifact
 
         try:
-            progress = ray.get(self.board.latest.remote(), timeout=POLL_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - a busy or gone board: try again next round
+            progress = self.board.latest()
+        except Exception:  # noqa: BLE001 - a board that cannot be read now: try again next round
             return
         if progress is None:
             return

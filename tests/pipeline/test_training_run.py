@@ -31,16 +31,17 @@ def staged(tmp_path):
 
 
 def test_progress_reaches_the_board_and_a_finished_run_is_not_trained_again(ray_session, tmp_path, staged):
-    from tasks.domain.progress import BoardSink, EpochProgress, ProgressBoard
+    from tasks.domain.progress import EpochProgress, ProgressBoard
     from tasks.domain.training_run import run_training, training_outcome
 
-    board = ProgressBoard.remote()
+    board = ProgressBoard.create()
+    assert board.latest() is None
     settings = _settings(tmp_path)
-    fit = run_training(settings, staged, [], BoardSink(board))
+    fit = run_training(settings, staged, [], board)
     assert not fit.reused and fit.result.error is None
     outcome = training_outcome(fit, None, settings.recipe.architecture)
     assert [row["epoch"] for row in outcome.history] == [0, 1]
-    last = ray_session.get(board.latest.remote())
+    last = board.latest()  # read in this process, from what rank 0 wrote in its own
     assert isinstance(last, EpochProgress)
     assert (last.epoch, last.epochs, last.step) == (1, 2, last.steps) and last.images_per_s > 0
 
@@ -48,4 +49,5 @@ def test_progress_reaches_the_board_and_a_finished_run_is_not_trained_again(ray_
     assert again.reused and again.seconds == 0
     assert training_outcome(again, None, settings.recipe.architecture).checkpoint_uri == outcome.checkpoint_uri
     assert len(again.result.metrics_dataframe) == 2  # nothing trained twice
-    ray_session.kill(board)
+    board.remove()
+    assert board.latest() is None
