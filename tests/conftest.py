@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 
 import pytest
 
@@ -25,6 +26,18 @@ PREFECT_TEST_SERVER_ENV = {
        for name in ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP", "REPOSSESSOR",
                     "DB_VACUUM", "CLEANUP_RECONCILER", "EVENT_LOGGER")},
 }
+
+
+def process_gone(proc, timeout: float) -> bool:
+    """Whether the ``psutil.Process`` ``proc`` exits (or is a zombie) within ``timeout`` seconds."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 _handed_out: set[int] = set()

@@ -9,6 +9,7 @@ import sys
 import time
 
 import psutil
+from conftest import process_gone
 
 from trainlib._internal.execution import dashboard_agent
 
@@ -33,15 +34,6 @@ time.sleep(600)
 """
 
 
-def _wait_gone(proc: psutil.Process, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_the_stand_in_lives_as_long_as_its_raylet_and_ignores_ctrl_c():
     parent = subprocess.Popen([sys.executable, "-c", PARENT, *dashboard_agent.stand_in_command()],
                               stdout=subprocess.PIPE, text=True)
@@ -52,7 +44,7 @@ def test_the_stand_in_lives_as_long_as_its_raylet_and_ignores_ctrl_c():
         time.sleep(1.5)
         assert stand_in.is_running() and stand_in.status() != psutil.STATUS_ZOMBIE
         parent.kill()  # the raylet dies without stopping its agents
-        assert _wait_gone(stand_in, timeout=5), "the stand-in outlived its raylet"
+        assert process_gone(stand_in, timeout=5), "the stand-in outlived its raylet"
     finally:
         parent.kill()
         parent.wait()

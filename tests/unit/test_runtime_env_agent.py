@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import urllib.request
 
 import psutil
 import pytest
+from conftest import free_port, process_gone
 
 from trainlib._internal.execution import runtime_env_agent
 
@@ -53,12 +53,6 @@ time.sleep(600)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _agent_command(tmp_path, port: int, *extra: str) -> list[str]:
     script = tmp_path / "fake_agent.py"
     script.write_text(FAKE_AGENT)
@@ -70,15 +64,6 @@ def _post(port: int, body: str) -> dict:
                                      method="POST")
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
-
-
-def _gone(proc: psutil.Process, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _wait_listening(pid: int, port: int, timeout: float = 30) -> None:
@@ -108,7 +93,7 @@ def test_the_raylet_is_given_the_agent_on_demand_with_the_agents_own_command():
 
 
 def test_the_agent_starts_at_the_first_request_and_serves_every_one_after_it(tmp_path):
-    port = _free_port()
+    port = free_port()
     parent = subprocess.Popen([sys.executable, "-c", PARENT,
                                *runtime_env_agent.on_demand_command(_agent_command(tmp_path, port))],
                               stdout=subprocess.PIPE, text=True)
@@ -129,28 +114,28 @@ def test_the_agent_starts_at_the_first_request_and_serves_every_one_after_it(tmp
         time.sleep(1.0)
         assert forwarder.is_running() and forwarder.status() != psutil.STATUS_ZOMBIE
         parent.kill()  # the raylet dies without stopping its agents
-        assert _gone(forwarder, timeout=10), "the forwarder outlived its raylet"
-        assert _gone(agents[0], timeout=10), "the agent outlived the forwarder"
+        assert process_gone(forwarder, timeout=10), "the forwarder outlived its raylet"
+        assert process_gone(agents[0], timeout=10), "the agent outlived the forwarder"
     finally:
         parent.kill()
         parent.wait()
 
 
 def test_a_stop_from_the_raylet_stops_the_agent_too(tmp_path):
-    port = _free_port()
+    port = free_port()
     forwarder = subprocess.Popen(runtime_env_agent.on_demand_command(_agent_command(tmp_path, port)))
     try:
         _wait_listening(forwarder.pid, port)
         agent = psutil.Process(_post(port, "x")["pid"])
         forwarder.terminate()  # what the raylet sends its agents at shutdown
         assert forwarder.wait(timeout=10) == 0  # an agent's normal stop, not a failure
-        assert _gone(agent, timeout=10)
+        assert process_gone(agent, timeout=10)
     finally:
         forwarder.kill()
 
 
 def test_an_agent_that_fails_takes_the_forwarder_down_with_its_status(tmp_path):
-    port = _free_port()
+    port = free_port()
     forwarder = subprocess.Popen(runtime_env_agent.on_demand_command(_agent_command(tmp_path, port, "--fail")))
     try:
         _wait_listening(forwarder.pid, port)
