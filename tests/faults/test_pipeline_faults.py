@@ -75,13 +75,29 @@ with Lifeline({api_url!r}, grace_s=3, check_interval_s=0.5, dead_after_s=2):
 """
 
 
+def _signal_state(pid: int) -> str:
+    """The process's state and signal masks (pending, blocked, ignored, caught) from /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "; ".join(line.strip() for line in f if line.startswith(("State", "SigPnd", "ShdPnd", "SigBlk",
+                                                                            "SigIgn", "SigCgt", "Threads")))
+    except OSError as exc:
+        return f"unreadable ({exc})"
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_the_command_within_its_grace_period(signum):
     process = start_driver(HANGING_CLEANUP.format(api_url=None))
     assert process.stdout.readline().strip() == "READY"
     started = time.monotonic()
     process.send_signal(signum)
-    out, _ = process.communicate(timeout=30)
+    try:
+        out, _ = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # seen once in a full suite run, not reproduced: say what the child was doing
+        status = _signal_state(process.pid)
+        process.kill()
+        pytest.fail(f"the command did not stop within 30 s of {signum.name}; its state: {status}; its output: "
+                    f"{process.communicate()[0]!r}")
     assert time.monotonic() - started < 3 + 10
     assert process.returncode == 128 + signum, out
     assert "INTERRUPTED" in out and "Stopping the pipeline" in out and "rerun with the same --run-name" in out, out
