@@ -105,6 +105,11 @@ def test_the_agent_starts_at_the_first_request_and_serves_every_one_after_it(tmp
         first = _post(port, "one")
         second = _post(port, "two" * 50_000)  # 150 kB each way: forwarded whole
         assert first["body"] == "one" and second["body"] == "two" * 50_000
+        fds = forwarder.num_fds()
+        for index in range(20):  # the raylet asks once per worker with a runtime env, for the node's lifetime
+            assert _post(port, str(index))["body"] == str(index)
+        time.sleep(0.5)
+        assert forwarder.num_fds() <= fds + 1  # each connection's sockets were closed with it
         agents = forwarder.children()
         assert [agent.pid for agent in agents] == [first["pid"]] == [second["pid"]]  # one agent, started once
         assert first["port"] != port  # the agent listens on a port of its own, behind the forwarder

@@ -46,7 +46,7 @@ def bound_socket(host, port):
 
 
 def pump(source, sink):
-    """Copy ``source`` to ``sink`` until either closes; then close both ways of ``sink``'s writing side."""
+    """Copy ``source`` to ``sink`` until ``source`` ends or either fails; then pass the end on to ``sink``."""
     try:
         while True:
             data = source.recv(CHUNK)
@@ -56,11 +56,10 @@ def pump(source, sink):
     except OSError:
         pass
     finally:
-        for sock, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
-            try:
-                sock.shutdown(how)
-            except OSError:
-                pass
+        try:
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
 
 class Agent:
@@ -108,13 +107,18 @@ class Agent:
 
 
 def forward(client, agent):
+    """Carry one connection to the agent and back; close both sides when both ways have ended."""
     upstream = agent.connect()
     if upstream is None:
         client.close()
         return
     upstream.settimeout(None)
-    threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+    back = threading.Thread(target=pump, args=(upstream, client), daemon=True)
+    back.start()
     pump(client, upstream)
+    back.join()
+    upstream.close()
+    client.close()
 
 
 def main():
