@@ -3,9 +3,10 @@
 A background thread polls the run's :class:`tasks.domain.progress.ProgressBoard` (a key in
 Ray's key-value store), writes a line to the flow run's log (so to the terminal of ``python -m flows.main``
 and to the Prefect UI) every ``log_every_s``, and moves a Prefect progress artifact every
-``artifact_every_s``. Every call it makes is bounded and none of them is on trainlib's path:
-training never waits for this thread, and a slow or failing Prefect server only delays the
-display.
+``artifact_every_s``. None of its calls is on trainlib's path: training never waits for this
+thread, and a slow or failing Prefect server only delays the display. Reading the board is a
+read from Ray's GCS, which waits as long as Ray's own calls do (the actor call it replaced was
+bounded at 5 s); leaving the display waits at most ``STOP_TIMEOUT_S`` for the thread.
 
 Example::
 
