@@ -28,15 +28,19 @@ from trainlib._internal.util.allocator import step_allocations_kept
 from trainlib.torch import TorchTrainer
 
 
+def serializer_libraries():  # which libraries Ray's serialization would import in every process are loaded here
+    return sorted(name for name in ("pyarrow", "pydantic", "starlette") if name in sys.modules)
+
+
 def train_func(config):
     print(f"WORKER_SAYS rank={trainlib.get_context().get_world_rank()} fit={config['fit']}", flush=True)
     trainlib.report({"fit": config["fit"], "torch_loaded": "torch" in sys.modules,
-                     "pyarrow_loaded": "pyarrow" in sys.modules, "refaulted": refaulted_pages(),
+                     "serializer_libraries_loaded": serializer_libraries(), "refaulted": refaulted_pages(),
                      "malloc_kept": step_allocations_kept()})
     print(f"WORKER_ENDS rank={trainlib.get_context().get_world_rank()} fit={config['fit']}")
 
 
-results, torch_loaded, pyarrow_loaded, refaulted, malloc_kept = [], [], [], [], []
+results, torch_loaded, serializer_libraries_loaded, refaulted, malloc_kept = [], [], [], [], []
 # The first fit starts Ray: a trainer without a framework has its workers preload no torch. The lean Ray
 # then serves a second fit() in the same process, a TorchTrainer's.
 for fit, trainer_class in ((1, trainlib.DataParallelTrainer), (2, TorchTrainer)):
@@ -45,7 +49,7 @@ for fit, trainer_class in ((1, trainlib.DataParallelTrainer), (2, TorchTrainer))
                            run_config=trainlib.RunConfig(name=f"fit{fit}", storage_path=sys.argv[1])).fit()
     results.append(result.metrics["fit"])
     torch_loaded.append(result.metrics["torch_loaded"])
-    pyarrow_loaded.append(result.metrics["pyarrow_loaded"])
+    serializer_libraries_loaded.append(result.metrics["serializer_libraries_loaded"])
     refaulted.append(result.metrics["refaulted"])
     malloc_kept.append(result.metrics["malloc_kept"])
 node = ray._private.worker._global_node
@@ -89,7 +93,7 @@ for name in ("metrics_agent_port", "metrics_export_port"):
         socket.create_connection(("127.0.0.1", given[name]), timeout=5).close()
     except ConnectionRefusedError:
         refused.append(name)
-pyarrow_loaded.append("pyarrow" in sys.modules)  # and the driver's
+serializer_libraries_loaded.append(serializer_libraries())  # and the driver's
 session_dir = node.get_session_dir_path()
 # The user shuts that Ray down; the next fit() starts another, whose workers' output reaches the driver too.
 ray.shutdown()
@@ -98,7 +102,7 @@ results.append(trainlib.DataParallelTrainer(
     run_config=trainlib.RunConfig(name="fit3", storage_path=sys.argv[1])).fit().metrics["fit"])
 import threading
 readers = [t.name for t in threading.enumerate() if t.name == "trainlib-worker-logs"]
-state = {"results": results, "torch_loaded": torch_loaded, "pyarrow_loaded": pyarrow_loaded,
+state = {"results": results, "torch_loaded": torch_loaded, "serializer_libraries_loaded": serializer_libraries_loaded,
          "refaulted": refaulted, "malloc_kept": malloc_kept,
          "alive": alive, "session_dir": session_dir, "log_readers": len(readers),
          "ports_given": given, "ports_written": written,
@@ -147,9 +151,9 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     assert state["log_readers"] == 1  # the first Ray's reader stopped when the second Ray started
     # Workers import only what their trainer's backend needs: torch costs ~1-3 s of CPU per process.
     assert state["torch_loaded"] == [False, True]
-    # Nor pyarrow, which Ray's serialization would import in every process (41 MB each; lazy_arrow.py):
-    # not in the workers of either fit, nor in the driver.
-    assert state["pyarrow_loaded"] == [False, False, False]
+    # Nor pyarrow, pydantic or starlette, which Ray's serialization would import in every process (~50 MB
+    # each; lazy_serializers.py): not in the workers of either fit, nor in the driver.
+    assert state["serializer_libraries_loaded"] == [[], [], []]
     # A TorchTrainer's workers keep a step's freed memory for the next step (allocator.py): 24 MB allocated
     # again fault nothing in. The torch-free trainer's workers keep glibc's defaults. How many pages those
     # fault in depends on the process's past allocations (glibc's adaptive thresholds: 6,000 in a fresh
@@ -203,38 +207,50 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
                    for pid in state["stand_in_pids"])  # nor the stand-in, whose command names no session
 
 
-ARROW_SCRIPT = r"""
+SERIALIZERS_SCRIPT = r"""
 import json, sys
 import ray
 from trainlib._internal.execution.embedded_ray import ensure_ray
 
+LIBRARIES = ("pyarrow", "pydantic", "starlette")
 ensure_ray(preload=())
 ray.get(ray.put({"a": 1}))  # this process's serialization context exists from here on
-driver_before = "pyarrow" in sys.modules
+driver_before = [name for name in LIBRARIES if name in sys.modules]
 
 
-def slice_bytes():
+def serializers_at_work():  # import each library, then use Ray's serializer for it in this process
     import pyarrow as pa
+    import pydantic  # noqa: F401  (Ray's serializer is for pydantic's v1 ModelField, which it imports)
+    from pydantic.v1.fields import ModelField
+    from starlette.datastructures import State
+
     table = pa.table({"x": list(range(1_000_000))})  # 8 MB
-    return ray._private.worker.global_worker.get_serialization_context().serialize(table.slice(0, 10)).total_bytes
+    context = ray._private.worker.global_worker.get_serialization_context()
+    return {"slice_bytes": context.serialize(table.slice(0, 10)).total_bytes,
+            "state_answer": ray.get(ray.put(State({"answer": 42}))).answer,
+            "model_field_serializer": ModelField in ray.cloudpickle.CloudPickler.dispatch}
 
 
 @ray.remote
 def in_worker():
-    return "pyarrow" in sys.modules, slice_bytes()
+    return [name for name in LIBRARIES if name in sys.modules], serializers_at_work()
 
 
-worker_before, worker_bytes = ray.get(in_worker.remote())
-print("ARROW " + json.dumps({"driver_before": driver_before, "driver_bytes": slice_bytes(),
-                             "worker_before": worker_before, "worker_bytes": worker_bytes}), flush=True)
+worker_before, in_the_worker = ray.get(in_worker.remote())
+print("SERIALIZERS " + json.dumps({"driver_before": driver_before, "in_the_driver": serializers_at_work(),
+                                   "worker_before": worker_before, "in_the_worker": in_the_worker}), flush=True)
 """
 
 
 @pytest.mark.timeout(300)
-def test_pyarrow_is_loaded_only_when_used_and_then_ray_serializes_arrow_slices_compactly(tmp_path):
-    """The embedded Ray's processes do not import pyarrow for Ray's serializers; once a process imports it,
-    Ray's Arrow serializers are there: a 10-row slice of an 8 MB table travels as its rows, not its buffers
-    (8,000,379 bytes without the serializers, 636 with them, here)."""
-    _, state = _run_fresh(tmp_path, ARROW_SCRIPT, "ARROW ", timeout=280)
-    assert state["driver_before"] is False and state["worker_before"] is False, state
-    assert state["driver_bytes"] < 100_000 and state["worker_bytes"] < 100_000, state
+def test_serializer_libraries_load_only_when_used_and_then_rays_serializers_for_them_work(tmp_path):
+    """The embedded Ray's processes import neither pyarrow, pydantic nor starlette for Ray's serializers; once
+    a process imports one, Ray's serializer for it is there: a 10-row slice of an 8 MB Arrow table travels as
+    its rows, not its buffers (8,000,379 bytes without the serializers, 636 with them, here); starlette's
+    ``State`` travels at all (it recurses without its serializer); pydantic's v1 ``ModelField`` has its own."""
+    _, state = _run_fresh(tmp_path, SERIALIZERS_SCRIPT, "SERIALIZERS ", timeout=280)
+    assert state["driver_before"] == [] and state["worker_before"] == [], state
+    for where in ("in_the_driver", "in_the_worker"):
+        assert state[where]["slice_bytes"] < 100_000, state
+        assert state[where]["state_answer"] == 42, state
+        assert state[where]["model_field_serializer"] is True, state

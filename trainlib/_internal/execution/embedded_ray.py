@@ -14,8 +14,8 @@ are installed. The log monitor, a process that
 tails the workers' log files for the drivers, is not started either: a thread of
 this driver reads them (``worker_logs.py``), and at exit prints their last lines
 before Ray shuts down, where Ray's own exit hook sleeps 0.5 s for them to arrive. Ray's
-serialization imports pyarrow in every process (41 MB each) unless it is told to wait for it
-(``lazy_arrow.py``): the driver and every worker of the embedded Ray are. Nor does the raylet wait
+serialization imports pyarrow, pydantic and starlette in every process (~50 MB and ~0.2 s each) unless
+it is told to wait for them (``lazy_serializers.py``): the driver and every worker of the embedded Ray are. Nor does the raylet wait
 for its agents to pick their ports before it registers the node and starts its workers: it is given
 ports reserved here (``agent_ports.py``). Without a dashboard head, the dashboard agent would only
 export Ray's metrics, which nothing reads: it is not started either (``dashboard_agent.py``). The
@@ -40,7 +40,7 @@ from typing import Any
 from trainlib._internal import tunables
 from trainlib._internal.execution.agent_ports import ReservedAgentPorts, agent_ports_given_to_raylet
 from trainlib._internal.execution.dashboard_agent import LEAN_SYSTEM_CONFIG
-from trainlib._internal.execution.lazy_arrow import defer_arrow_serializers
+from trainlib._internal.execution.lazy_serializers import defer_serialization_addons
 from trainlib._internal.execution.ray_connect import probe_ray_address
 from trainlib._internal.execution.worker_logs import LogTail, SkippedLogMonitor, start_log_tail, without_log_monitor
 from trainlib._internal.util.patching import replaced_attribute
@@ -53,8 +53,8 @@ logger = logging.getLogger("trainlib")
 # Every worker Ray starts later imports them too, so a trainer preloads only what its backend uses:
 # 32 workers of a torch-free trainer each importing torch cost ~1 min of CPU (bench_scaling.py).
 WORKER_MODULE = "trainlib._internal.execution.worker"
-# Imported before the others, by every worker of the embedded Ray: Ray's Arrow serializers wait for
-# pyarrow instead of importing it (41 MB a process; lazy_arrow.py).
+# Imported before the others, by every worker of a lean local Ray: Ray's serializers for pyarrow, pydantic and
+# starlette wait for those libraries instead of importing them (~50 MB a process; lazy_serializers.py).
 WORKER_SETUP_MODULE = "trainlib._internal.execution.worker_setup"
 TORCH_MODULES = ("torch", "torch.distributed")
 WORKER_PRELOAD_MODULES = (*TORCH_MODULES, WORKER_MODULE)  # a Ray that runs TorchTrainer's workers
@@ -86,12 +86,10 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
         probe_ray_address(address)  # seconds, not minutes of GCS retries, when nothing listens there
         ray.init(log_to_driver=True)
         return
-    defer_arrow_serializers()  # this driver's serialization context: no pyarrow unless the user imports it
     # address="local": without it Ray joins the last cluster started on this machine
     # (/tmp/ray/ray_current_cluster), which may be someone else's.
     with lean_local_start() as lean:
-        ray.init(address="local", include_dashboard=False, log_to_driver=True,
-                 _system_config={**LEAN_SYSTEM_CONFIG, "preload_python_modules": [WORKER_SETUP_MODULE, *preload]})
+        ray.init(address="local", include_dashboard=False, log_to_driver=True, _system_config=lean_system_config(preload))
     _started_here = True
     # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).
     atexit.register(shutdown_embedded_ray)
@@ -103,6 +101,11 @@ def started_embedded_ray() -> bool:
     import ray
 
     return _started_here and ray.is_initialized()
+
+
+def lean_system_config(preload: Sequence[str] = ()) -> dict[str, Any]:
+    """``ray.init``'s ``_system_config`` for a lean local node whose workers import ``preload`` as they start."""
+    return {**LEAN_SYSTEM_CONFIG, "preload_python_modules": [WORKER_SETUP_MODULE, *preload]}
 
 
 @dataclasses.dataclass
@@ -142,9 +145,12 @@ class LeanStart:
 def lean_local_start() -> Iterator[LeanStart]:
     """Inside the block, a local Ray node is started lean: no unused daemons (:func:`without_unused_daemons`),
     no log monitor process (``worker_logs.py``), a raylet that does not wait for its agents' ports
-    (``agent_ports.py``), runs no dashboard agent (``dashboard_agent.py``; pass
-    :data:`LEAN_SYSTEM_CONFIG` to ``ray.init``) and starts the runtime-env agent on demand
-    (``runtime_env_agent.py``). After the block, call :meth:`LeanStart.started` (or ``joined``)."""
+    (``agent_ports.py``), runs no dashboard agent (``dashboard_agent.py``) and starts the runtime-env agent
+    on demand (``runtime_env_agent.py``); Ray's serializers for pyarrow, pydantic and starlette wait for those
+    libraries in this process (``lazy_serializers.py``) and, with ``ray.init(_system_config=``
+    :func:`lean_system_config` ``)``, in every worker. After the block, call :meth:`LeanStart.started` (or
+    ``joined``)."""
+    defer_serialization_addons()  # this driver's serialization context, created by ray.init
     with without_unused_daemons(), without_log_monitor() as log_monitor, \
             agent_ports_given_to_raylet() as agent_ports:
         try:

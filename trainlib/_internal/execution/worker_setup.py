@@ -2,6 +2,6 @@
 ``preload_python_modules``), before the process runs anything: sets the process up. Imported
 nowhere else."""
 
-from trainlib._internal.execution.lazy_arrow import defer_arrow_serializers
+from trainlib._internal.execution.lazy_serializers import defer_serialization_addons
 
-defer_arrow_serializers()
+defer_serialization_addons()
