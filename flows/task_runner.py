@@ -21,7 +21,7 @@ from prefect_ray import RayTaskRunner
 from tasks.domain.reachability import check_reachable
 # trainlib's own lean start of a local Ray; the pipeline's local Ray is started by prefect-ray.
 from trainlib._internal.execution.embedded_ray import (
-    WORKER_PRELOAD_MODULES, LeanLocalRay, lean_local_start, lean_system_config,
+    LEAN_SYSTEM_CONFIG, WORKER_PRELOAD_MODULES, LeanLocalRay, lean_local_start,
 )
 from trainlib._internal.util.environ import environment
 
@@ -119,7 +119,7 @@ def local_task_runner(preload: Iterable[str] = (), worker_env: Mapping[str, str]
     prepares instead of in the first task each runs. ``worker_env``: environment variables for
     every worker (see :class:`LocalRayTaskRunner`).
     """
-    init_kwargs["_system_config"] = lean_system_config(tuple(preload))
+    init_kwargs["_system_config"] = {**LEAN_SYSTEM_CONFIG, **({"preload_python_modules": list(preload)} if preload else {})}
     return LocalRayTaskRunner(address="local", init_kwargs={"include_dashboard": False, **init_kwargs},
                               worker_env=worker_env)
 

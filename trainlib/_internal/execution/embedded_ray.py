@@ -53,7 +53,7 @@ logger = logging.getLogger("trainlib")
 # Every worker Ray starts later imports them too, so a trainer preloads only what its backend uses:
 # 32 workers of a torch-free trainer each importing torch cost ~1 min of CPU (bench_scaling.py).
 WORKER_MODULE = "trainlib._internal.execution.worker"
-# Imported before the others, by every worker of a lean local Ray: Ray's serializers for pyarrow, pydantic and
+# Imported before the others, by every worker of the embedded Ray: Ray's serializers for pyarrow, pydantic and
 # starlette wait for those libraries instead of importing them (~50 MB a process; lazy_serializers.py).
 WORKER_SETUP_MODULE = "trainlib._internal.execution.worker_setup"
 TORCH_MODULES = ("torch", "torch.distributed")
@@ -86,10 +86,12 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
         probe_ray_address(address)  # seconds, not minutes of GCS retries, when nothing listens there
         ray.init(log_to_driver=True)
         return
+    defer_serialization_addons()  # this driver's serialization context: none of the three unless the user imports it
     # address="local": without it Ray joins the last cluster started on this machine
     # (/tmp/ray/ray_current_cluster), which may be someone else's.
     with lean_local_start() as lean:
-        ray.init(address="local", include_dashboard=False, log_to_driver=True, _system_config=lean_system_config(preload))
+        ray.init(address="local", include_dashboard=False, log_to_driver=True,
+                 _system_config={**LEAN_SYSTEM_CONFIG, "preload_python_modules": [WORKER_SETUP_MODULE, *preload]})
     _started_here = True
     # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).
     atexit.register(shutdown_embedded_ray)
@@ -101,11 +103,6 @@ def started_embedded_ray() -> bool:
     import ray
 
     return _started_here and ray.is_initialized()
-
-
-def lean_system_config(preload: Sequence[str] = ()) -> dict[str, Any]:
-    """``ray.init``'s ``_system_config`` for a lean local node whose workers import ``preload`` as they start."""
-    return {**LEAN_SYSTEM_CONFIG, "preload_python_modules": [WORKER_SETUP_MODULE, *preload]}
 
 
 @dataclasses.dataclass
@@ -145,12 +142,9 @@ class LeanStart:
 def lean_local_start() -> Iterator[LeanStart]:
     """Inside the block, a local Ray node is started lean: no unused daemons (:func:`without_unused_daemons`),
     no log monitor process (``worker_logs.py``), a raylet that does not wait for its agents' ports
-    (``agent_ports.py``), runs no dashboard agent (``dashboard_agent.py``) and starts the runtime-env agent
-    on demand (``runtime_env_agent.py``); Ray's serializers for pyarrow, pydantic and starlette wait for those
-    libraries in this process (``lazy_serializers.py``) and, with ``ray.init(_system_config=``
-    :func:`lean_system_config` ``)``, in every worker. After the block, call :meth:`LeanStart.started` (or
-    ``joined``)."""
-    defer_serialization_addons()  # this driver's serialization context, created by ray.init
+    (``agent_ports.py``), runs no dashboard agent (``dashboard_agent.py``; pass
+    :data:`LEAN_SYSTEM_CONFIG` to ``ray.init``) and starts the runtime-env agent on demand
+    (``runtime_env_agent.py``). After the block, call :meth:`LeanStart.started` (or ``joined``)."""
     with without_unused_daemons(), without_log_monitor() as log_monitor, \
             agent_ports_given_to_raylet() as agent_ports:
         try:

@@ -16,8 +16,10 @@ difference: their processes import the library, and Ray's serializers are regist
 
 It replaces ``apply``, a developer API of Ray's, only where that function calls exactly the three
 registrations known here (checked: with any other Ray, nothing changes). trainlib applies it only to
-the local Ray it starts itself (``lean_local_start``): the driver and, through Ray's worker preload
-(``worker_setup``), every worker process of that Ray.
+the embedded Ray that ``fit()`` starts (``embedded_ray.ensure_ray``): the driver and, through Ray's worker
+preload (``worker_setup``), every worker process of that Ray. The pipeline's local Ray does without it: there
+the task workers import all three anyway (Prefect, mlflow), and a pipeline whose workers preloaded
+``worker_setup`` was slower in 10 of 11 interleaved pairs (``bench/results/serializers_pipeline_ab.md``).
 """
 
 from __future__ import annotations
