@@ -87,7 +87,8 @@ class ProgressBoard:
     the one it took was a worker Ray had prestarted with torch imported, which training's first
     worker then started on instead; without it the train step took 1.0-1.4 s less and one ~570 MB
     process fewer ran (docs/pipeline.md). A publication is one small write to the GCS (well under a
-    millisecond on a local Ray), which rank 0 waits for, where the actor call did not. Ray's ``internal_kv`` is experimental: its use is kept to this class.
+    millisecond on a local Ray), which rank 0 waits for, where the actor call did not. Ray's ``internal_kv``
+    is experimental: its use is kept to this class.
 
     Attributes:
         key: the run's key (random), in :data:`BOARD_NAMESPACE`.

@@ -103,8 +103,9 @@ def defer_serialization_addons() -> bool:
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Finds each module as the finders after it would, and registers the contexts waiting for it once it has run.
 
-    A lookup need not be an import (``importlib.util.find_spec`` only looks, as Ray's start does for the
-    dashboard's dependencies): every spec found is made to register when it runs, until one has run.
+    A lookup need not be an import (``importlib.util.find_spec`` only looks, as trainlib's lean start does
+    for the dashboard's dependencies, pydantic among them): every spec found is made to register when it
+    runs, until one has run.
     """
 
     def __init__(self, registrations: dict[str, Registration]):
