@@ -18,9 +18,9 @@ serialization imports pyarrow, pydantic and starlette in every process (~50 MB a
 it is told to wait for them (``lazy_serializers.py``): the driver and every worker of the embedded Ray
 are. Nor does the raylet wait for its agents to pick their ports before it registers the node and
 starts its workers: it is given ports reserved here (``agent_ports.py``). Without a dashboard head, the
-dashboard agent would only export Ray's metrics, which nothing reads: it is not started either (``dashboard_agent.py``). The
-runtime-env agent starts only when a task or actor first asks for a runtime env
-(``runtime_env_agent.py``). :func:`lean_local_start` is all of this, for
+dashboard agent would only export Ray's metrics, which nothing reads: it is not started either
+(``dashboard_agent.py``). The runtime-env agent starts only when a task or actor first asks for a
+runtime env (``runtime_env_agent.py``). :func:`lean_local_start` is all of this, for
 ``fit()``'s embedded Ray and the pipeline's local one.
 
 A Ray that the user initialised, or a cluster (``RAY_ADDRESS``), is never touched.
