@@ -25,6 +25,25 @@ def test_the_raylet_is_given_the_stand_in_for_the_dashboard_agent_only():
     assert shlex.split(value) == [sys.executable, "-I", "-S", dashboard_agent.STAND_IN]
 
 
+def wait_for_signal_handlers(pid: int, timeout: float = 30.0) -> None:
+    """Wait until the stand-in has set its handlers: SIGTERM caught, SIGINT ignored.
+
+    A sleep is not enough: on a loaded machine the interpreter's start can take seconds, and a
+    signal sent before then takes the default action (CI saw exit -15 after a 0.5 s sleep).
+    """
+    def mask(name: str) -> int:
+        with open(f"/proc/{pid}/status") as status:
+            line = next(line for line in status if line.startswith(name + ":"))
+        return int(line.split()[1], 16)
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if mask("SigCgt") >> (signal.SIGTERM - 1) & 1 and mask("SigIgn") >> (signal.SIGINT - 1) & 1:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the stand-in (pid {pid}) set no signal handlers within {timeout} s")
+
+
 # The raylet starts the stand-in; here a throwaway parent process plays the raylet.
 PARENT = r"""
 import subprocess, sys, time
@@ -39,7 +58,7 @@ def test_the_stand_in_lives_as_long_as_its_raylet_and_ignores_ctrl_c():
                               stdout=subprocess.PIPE, text=True)
     try:
         stand_in = psutil.Process(int(parent.stdout.readline()))
-        time.sleep(1.0)  # its start (the signal handlers are set in its first milliseconds)
+        wait_for_signal_handlers(stand_in.pid)
         stand_in.send_signal(signal.SIGINT)  # Ctrl-C reaches the whole process group: the driver handles it
         time.sleep(1.5)
         assert stand_in.is_running() and stand_in.status() != psutil.STATUS_ZOMBIE
@@ -52,6 +71,6 @@ def test_the_stand_in_lives_as_long_as_its_raylet_and_ignores_ctrl_c():
 
 def test_the_stand_in_stops_at_once_when_the_raylet_stops_it():
     stand_in = subprocess.Popen(dashboard_agent.stand_in_command())
-    time.sleep(0.5)
+    wait_for_signal_handlers(stand_in.pid)
     stand_in.terminate()  # what the raylet sends its agents at shutdown
     assert stand_in.wait(timeout=5) == 0  # exit code 0: an agent's normal stop, not a failure
