@@ -34,8 +34,9 @@ def _imports(path):
 
 
 def test_model_files_import_only_what_a_fresh_environment_has():
-    # The network file: torch only, so training's workers build the network without importing mlflow.
-    assert _imports(NETWORK_FILE) == {"__future__", "torch"}
+    # The network file: torch and the standard library only, so training's workers build the network without
+    # importing mlflow.
+    assert {name.split(".")[0] for name in _imports(NETWORK_FILE)} - set(sys.stdlib_module_names) == {"torch"}
     # The model file: its network (a registered version's copy, or this repository's while MLflow saves one).
     tops = {name.split(".")[0] for name in _imports(MODEL_FILE)}
     assert tops <= {"__future__", "typing", "mlflow", "numpy", "pandas", "torch", "classifier_network", "", "tasks"}
@@ -143,6 +144,43 @@ def test_probabilities_and_labels_of_a_batch():
     frame = predictions_frame(probs, ("a", "b", "c"))
     assert probs.shape == (10, 3) and torch.allclose(probs.sum(1), torch.ones(10))
     assert frame["class"].tolist() == [("a", "b", "c")[i] for i in frame["label"]]
+
+def test_forward_in_batches_runs_shards_in_threads_of_one_intra_op_thread_and_keeps_the_order():
+    import threading
+
+    from tasks.domain.classifier_network import build_network, forward_in_batches
+
+    torch.manual_seed(0)
+    network = build_network(10, "resnet18-1ch-small")
+    images = torch.randint(0, 256, (777, 28, 28), dtype=torch.uint8)
+    prepare = lambda batch: batch.unsqueeze(1).float() / 255  # noqa: E731
+    seen: dict[int, int] = {}  # thread -> torch's thread count there, during a forward pass
+    network.register_forward_hook(lambda *_: seen.update({threading.get_ident(): torch.get_num_threads()}))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # one thread: every batch in this thread, one after the other
+        alone = forward_in_batches(network, images, prepare, batch_size=100)
+        assert list(seen) == [threading.get_ident()]
+        seen.clear()
+        torch.set_num_threads(3)  # 8 batches in 3 shards, one thread each
+        sharded = forward_in_batches(network, images, prepare, batch_size=100)
+        assert torch.get_num_threads() == 3  # the caller's setting is its own
+    finally:
+        torch.set_num_threads(threads)
+    assert len(seen) == 3 and threading.get_ident() not in seen and set(seen.values()) == {1}
+    assert sharded.shape == (777, 10) and torch.equal(sharded, alone)
+    with torch.inference_mode():  # image by image, in order
+        assert torch.allclose(sharded[[0, 399, 776]], network(prepare(images[[0, 399, 776]]).contiguous(
+            memory_format=torch.channels_last)), atol=1e-5)
+
+    def failing(batch):
+        if len(batch) < 100:  # the last, shorter batch: the last shard's
+            raise ValueError("this batch cannot be read")
+        return prepare(batch)
+
+    with pytest.raises(ValueError, match="this batch cannot be read"):
+        forward_in_batches(network, images, failing, batch_size=100)
+
 
 
 def write_idx(path, pixels):
