@@ -15,6 +15,8 @@ Example::
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -111,26 +113,37 @@ def forward_in_batches(network: torch.nn.Module, images: torch.Tensor,
     ``prepare`` turns a slice of ``images`` into the network's input. Eval mode, no autograd, channels-last weights
     and inputs (oneDNN's convolutions run ~12% faster on the CPU in that layout); ``network`` is converted in place.
 
-    With torch allowed several threads, the batches are cut into as many contiguous shards, run side by side, each
-    by a thread of its own holding one intra-op thread. On ResNet18's small feature maps that keeps the cores busier
-    than splitting every operation across them: 10,000 test images on 2 cores took 3.75 s against 4.27 s (medians
-    of 8, 2026-12-03, bench/results/adhoc_2026-12-03.md), with the same outputs. The evaluate step and the
-    registered model's ``predict`` both come here, so they give the same labels.
+    With torch allowed several threads, as many threads of one intra-op thread each take the batches one at a
+    time, in turn. On ResNet18's small feature maps that keeps the cores busier than splitting every operation
+    across them, and a thread slowed by another process on its core takes fewer batches instead of holding the
+    others up (bench/results/adhoc_2026-12-03.md). The evaluate step and the registered model's ``predict`` both
+    come here, so they give the same labels.
     """
     network = network.eval().to(memory_format=torch.channels_last)
     starts = range(0, len(images), batch_size)
-    shards = min(torch.get_num_threads(), len(starts))
+    outputs: list[torch.Tensor | None] = [None] * len(starts)
+    turns = itertools.count()  # the next batch to take: next() on it is atomic in CPython
+    failed = threading.Event()  # a batch failed: the other threads take no more
 
-    def run(shard: range, intra_op_threads: int | None) -> list[torch.Tensor]:
+    def take_batches(intra_op_threads: int | None) -> None:
         if intra_op_threads is not None:  # torch's thread count is per thread: this one's only
             torch.set_num_threads(intra_op_threads)
         with torch.inference_mode():  # also per thread
-            return [network(prepare(images[start:start + batch_size]).contiguous(memory_format=torch.channels_last))
-                    for start in shard]
+            for index in turns:
+                if index >= len(starts) or failed.is_set():
+                    return
+                try:
+                    batch = prepare(images[starts[index]:starts[index] + batch_size])
+                    outputs[index] = network(batch.contiguous(memory_format=torch.channels_last))
+                except BaseException:
+                    failed.set()
+                    raise
 
-    if shards < 2:
-        return torch.cat(run(starts, None))
-    bounds = [len(starts) * index // shards for index in range(shards + 1)]
-    with ThreadPoolExecutor(shards, thread_name_prefix="forward-shard") as pool:
-        parts = list(pool.map(lambda index: run(starts[bounds[index]:bounds[index + 1]], 1), range(shards)))
-    return torch.cat([outputs for part in parts for outputs in part])
+    threads = min(torch.get_num_threads(), len(starts))
+    if threads < 2:
+        take_batches(None)
+    else:
+        with ThreadPoolExecutor(threads, thread_name_prefix="forward") as pool:
+            for done in [pool.submit(take_batches, 1) for _ in range(threads)]:
+                done.result()  # a batch's error, raised here
+    return torch.cat(outputs)

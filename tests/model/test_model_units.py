@@ -145,7 +145,7 @@ def test_probabilities_and_labels_of_a_batch():
     assert probs.shape == (10, 3) and torch.allclose(probs.sum(1), torch.ones(10))
     assert frame["class"].tolist() == [("a", "b", "c")[i] for i in frame["label"]]
 
-def test_forward_in_batches_runs_shards_in_threads_of_one_intra_op_thread_and_keeps_the_order():
+def test_forward_in_batches_shares_the_batches_among_threads_of_one_intra_op_thread_and_keeps_the_order():
     import threading
 
     from tasks.domain.classifier_network import build_network, forward_in_batches
@@ -159,27 +159,28 @@ def test_forward_in_batches_runs_shards_in_threads_of_one_intra_op_thread_and_ke
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)  # one thread: every batch in this thread, one after the other
-        alone = forward_in_batches(network, images, prepare, batch_size=100)
+        alone = forward_in_batches(network, images, prepare, batch_size=50)
         assert list(seen) == [threading.get_ident()]
         seen.clear()
-        torch.set_num_threads(3)  # 8 batches in 3 shards, one thread each
-        sharded = forward_in_batches(network, images, prepare, batch_size=100)
+        torch.set_num_threads(3)  # 16 batches, taken in turn by 3 threads of one intra-op thread each
+        shared = forward_in_batches(network, images, prepare, batch_size=50)
         assert torch.get_num_threads() == 3  # the caller's setting is its own
     finally:
         torch.set_num_threads(threads)
-    assert len(seen) == 3 and threading.get_ident() not in seen and set(seen.values()) == {1}
-    assert sharded.shape == (777, 10) and torch.equal(sharded, alone)
+    # Each thread takes a batch when it is free, so on a loaded machine one may take none: at least two did.
+    assert 2 <= len(seen) <= 3 and threading.get_ident() not in seen and set(seen.values()) == {1}
+    assert shared.shape == (777, 10) and torch.equal(shared, alone)
     with torch.inference_mode():  # image by image, in order
-        assert torch.allclose(sharded[[0, 399, 776]], network(prepare(images[[0, 399, 776]]).contiguous(
+        assert torch.allclose(shared[[0, 399, 776]], network(prepare(images[[0, 399, 776]]).contiguous(
             memory_format=torch.channels_last)), atol=1e-5)
 
     def failing(batch):
-        if len(batch) < 100:  # the last, shorter batch: the last shard's
+        if len(batch) < 50:  # the last, shorter batch
             raise ValueError("this batch cannot be read")
         return prepare(batch)
 
     with pytest.raises(ValueError, match="this batch cannot be read"):
-        forward_in_batches(network, images, failing, batch_size=100)
+        forward_in_batches(network, images, failing, batch_size=50)
 
 
 
