@@ -88,11 +88,20 @@ def env_probe():
 env_probe_saw = ray.get(env_probe.options(runtime_env={"env_vars": {"TRAINLIB_PROBE": "on"}}).remote(), timeout=300)
 agent_after = [" ".join(c.cmdline()).strip() for c in forwarder.children()]
 refused = []
-for name in ("metrics_agent_port", "metrics_export_port"):
+for name in ("metrics_export_port",):
     try:
         socket.create_connection(("127.0.0.1", given[name]), timeout=5).close()
     except ConnectionRefusedError:
         refused.append(name)
+# No metrics agent (port -1), so the raylet, the GCS and the workers never wait for one: each says so in its log
+# at once, instead of retrying for 30 s and then printing an ERROR to the user's console.
+metrics_agent_port = ray.nodes()[0]["MetricsAgentPort"]
+metrics_logs = {}
+for log in glob.glob(f"{node.get_session_dir_path()}/logs/*"):
+    if os.path.isfile(log):
+        text = open(log, errors="replace").read()
+        metrics_logs[os.path.basename(log)] = [words for words in ("Metrics agent not available", "Initializing exporter",
+                                                                  "exporter agent") if words in text]
 serializer_libraries_loaded.append(serializer_libraries())  # and the driver's
 session_dir = node.get_session_dir_path()
 # The user shuts that Ray down; the next fit() starts another, whose workers' output reaches the driver too.
@@ -109,7 +118,8 @@ state = {"results": results, "torch_loaded": torch_loaded, "serializer_libraries
          "listen_flag": [arg for arg in raylet_cmd if arg.startswith("--dashboard_agent_listen_port=")],
          "first_ports_released": first_ray.agent_ports._sockets == [], "agents": agents,
          "stand_in_pids": stand_in_pids, "refused": refused, "forwarder_listens": forwarder_listens,
-         "agent_before": agent_before, "env_probe_saw": env_probe_saw, "agent_after": agent_after}
+         "agent_before": agent_before, "env_probe_saw": env_probe_saw, "agent_after": agent_after,
+         "metrics_agent_port": metrics_agent_port, "metrics_logs": metrics_logs}
 print("STATE " + json.dumps(state), flush=True)
 """
 
@@ -178,7 +188,7 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     assert "log_monitor.py" not in output  # the reader's own INFO lines stay out of the user's console
     # The raylet was given its agents' ports instead of waiting for each agent to pick one and write it to a
     # file (~0.7 s before the node registers).
-    assert set(state["ports_given"]) == {"runtime_env_agent_port", "metrics_agent_port", "metrics_export_port"}
+    assert set(state["ports_given"]) == {"runtime_env_agent_port", "metrics_export_port"}
     # No agent had started to write a port (the files Ray would wait for): the runtime-env agent's forwarder
     # listened on the very port the raylet was given.
     assert state["ports_written"] == {}
@@ -196,7 +206,16 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     assert state["agent_after"] == ["ray::RuntimeEnvAgent"], state["agent_after"]
     assert not any("dashboard/agent.py" in agent or "DashboardAgent" in agent for agent in state["agents"])
     assert len(state["stand_in_pids"]) == 1
-    assert state["refused"] == ["metrics_agent_port", "metrics_export_port"]
+    assert state["refused"] == ["metrics_export_port"]
+    # No metrics agent: the node says so (-1), and so do the raylet, the GCS and the workers in their logs; none
+    # waits for one (no exporter being initialised), so none prints "Failed to establish connection to the
+    # metrics exporter agent" after 30 s, here nor on the console.
+    assert state["metrics_agent_port"] == -1
+    logs = state["metrics_logs"]
+    assert logs["raylet.out"] == logs["gcs_server.out"] == ["Metrics agent not available"], logs
+    assert [name for name, words in logs.items() if name.startswith("python-core-worker-") and words] != []
+    assert not any("Initializing exporter" in words or "exporter agent" in words for words in logs.values()), logs
+    assert "exporter agent" not in output
     assert state["first_ports_released"]  # the first Ray's reservation ended when the user shut it down
     # The driver's fast shutdown left nothing of the session running (bounded wait for the reaping).
     deadline = time.time() + 30

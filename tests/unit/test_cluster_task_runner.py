@@ -80,7 +80,8 @@ with make_task_runner(None, "http://127.0.0.1:9/api") as runner:
             pass
     alive = {kind: [i.process.poll() is None for i in infos] for kind, infos in node.all_processes.items()}
     print("STATE " + json.dumps({"alive": alive, "task": ray.get(env_and_modules.remote()),
-                                 "env_here": os.environ.get("PREFECT_API_URL")}), flush=True)
+                                 "env_here": os.environ.get("PREFECT_API_URL"),
+                                 "metrics_agent_port": ray.nodes()[0]["MetricsAgentPort"]}), flush=True)
 """
 
 
@@ -102,6 +103,8 @@ def test_local_runner_starts_a_lean_ray_whose_workers_have_the_env_and_torch(no_
     # process reads the workers' output itself).
     assert not {"dashboard", "monitor", "log_monitor"} & set(state["alive"])
     assert state["alive"]["raylet"] == [True]
+    # No metrics agent, and none waited for: no ERROR about it after 30 s of a flow run (agent_ports.py).
+    assert state["metrics_agent_port"] == -1
     # The worker inherited the flow's Prefect URL from the raylet and had torch preloaded; this process
     # got its environment back after Ray started.
     assert state["task"] == ["http://127.0.0.1:9/api", True]

@@ -133,8 +133,9 @@ def test_every_agent_port_is_reserved_for_the_stand_in_writes_none(monkeypatch):
                                        dashboard_agent_listen_port=52365)
         with agent_ports.agent_ports_given_to_raylet() as reserved:
             Node.start_raylet(types.SimpleNamespace(_ray_params=params))
-        assert set(reserved.ports) == {"runtime_env_agent_port", "metrics_agent_port", "metrics_export_port"}
+        assert set(reserved.ports) == {"runtime_env_agent_port", "metrics_export_port"}
         assert all(getattr(params, name) == port for name, port in reserved.ports.items())
+        assert params.metrics_agent_port == -1  # no metrics agent: nothing waits for one (agent_ports.py)
         reserved.release()
     stand_in = dashboard_agent.with_stand_in(["--dashboard_agent_command=python agent.py"])
     assert started == [["raylet", *stand_in, "--dashboard_agent_listen_port=52365"]] * 2

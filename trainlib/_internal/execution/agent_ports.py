@@ -41,9 +41,14 @@ from trainlib._internal.util.patching import replaced_attribute
 
 logger = logging.getLogger("trainlib")
 
-# Every port a raylet waits for an agent to write when it is not given it. The dashboard agent's are
-# given too, for its stand-in never writes them; Ray's "minimal" agent would write -1 for them.
-AGENT_PORTS = ("runtime_env_agent_port", "metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port")
+# Every port a raylet waits for an agent to write when it is not given it, but the metrics agent's (below). The
+# dashboard agent's are given too, for its stand-in never writes them.
+AGENT_PORTS = ("runtime_env_agent_port", "metrics_export_port", "dashboard_agent_listen_port")
+# The metrics agent's gRPC port is given as -1, what Ray's "minimal" agent writes: no metrics agent. The raylet,
+# the GCS and every worker then say so once, in their log files. Given a port where nothing answers, each of them
+# retried it for 30 s and then printed an ERROR on the user's console ("Failed to establish connection to the
+# metrics exporter agent"), in every run longer than that.
+NO_METRICS_AGENT = {"metrics_agent_port": -1}
 # Ray passes every other port to the raylet; this one it leaves for the raylet to read from the agent's file.
 LISTEN_PORT_FLAG = "--dashboard_agent_listen_port"
 
@@ -94,6 +99,9 @@ def agent_ports_given_to_raylet() -> Iterator[ReservedAgentPorts]:
             for name in AGENT_PORTS:
                 if not getattr(params, name, None):  # 0 or None: Ray would let the agent pick
                     setattr(params, name, reserved.reserve(name))
+            for name, port in NO_METRICS_AGENT.items():
+                if not getattr(params, name, None):
+                    setattr(params, name, port)
             flags = [f"{LISTEN_PORT_FLAG}={params.dashboard_agent_listen_port}"]
             with replaced_attribute(services, "start_ray_process",
                                     lambda start: functools.partial(_start_with_flags, start, flags)):

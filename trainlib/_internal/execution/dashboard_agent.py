@@ -12,9 +12,9 @@ The raylet will not start without an agent command and exits when its agent does
 command that starts a stand-in (``dashboard_agent_stand_in.py``) that only lives as long as the
 raylet. That goes with the raylet being given every agent port (``agent_ports.py``, which applies
 :func:`with_stand_in`): nothing writes the agent's ports to its files, and the raylet would wait for
-them. Reserved and never listened on, a connection to them is refused at once. Ray's metrics
-collection is off in such a node (:data:`LEAN_SYSTEM_CONFIG`), so no process records metrics for an
-exporter that is not there.
+them. Reserved and never listened on, a connection to them is refused at once; the metrics agent's
+port is given as -1 (none), so no process waits for an exporter that is not there. Ray's metrics
+collection is off in such a node (:data:`LEAN_SYSTEM_CONFIG`), so none records metrics for it either.
 
 A user who wants the agent (Ray's metrics) starts Ray before ``fit()``: a Ray that trainlib did not
 start is never changed.
