@@ -306,6 +306,15 @@ class LocalRayCluster:
                     proc.kill()
         shutil.rmtree(self.root, ignore_errors=True)
 
+    def session_log_tails(self, pattern: str, n: int = 3000) -> str:
+        """The tails of the head's Ray session logs named like ``pattern`` (a glob), for a failure message: the
+        cluster's folder is removed when the module ends."""
+        tails = []
+        for path in sorted(glob.glob(os.path.join(self.root, "session_latest", "logs", pattern))):
+            with open(path, errors="replace") as f:
+                tails.append(f"--- {os.path.basename(path)}:\n{f.read()[-n:]}")
+        return "\n".join(tails) or f"(no session log named {pattern} under {self.root})"
+
     def log_tail(self, node: RayNode, n: int = 4000) -> str:
         try:
             with open(node.log_path, errors="replace") as f:

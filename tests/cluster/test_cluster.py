@@ -234,7 +234,8 @@ def test_pipeline_on_the_cluster_by_ray_client(cluster, services, s3, tmp_path):
                           capture_output=True, text=True, timeout=840, env=pipeline_env(cluster, services, s3),
                           cwd=REPO_ROOT)
     output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-8000:]
+    # On failure, the Ray Client servers' logs too: the proxier starts one per client, on the head.
+    assert done.returncode == 0, output[-8000:] + "\n" + cluster.session_log_tails("ray_client_server*")
     assert "Test accuracy" in output and f"Ray {address}" in output, output[-4000:]
     print(next((line for line in output.splitlines() if line.startswith("Seconds per stage")), ""))
     assert_registered_on_the_cluster(services, s3, model_name)
