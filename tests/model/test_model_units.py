@@ -145,6 +145,7 @@ def test_probabilities_and_labels_of_a_batch():
     assert probs.shape == (10, 3) and torch.allclose(probs.sum(1), torch.ones(10))
     assert frame["class"].tolist() == [("a", "b", "c")[i] for i in frame["label"]]
 
+
 def test_forward_in_batches_shares_the_batches_among_threads_of_one_intra_op_thread_and_keeps_the_order():
     import threading
 
@@ -181,7 +182,6 @@ def test_forward_in_batches_shares_the_batches_among_threads_of_one_intra_op_thr
 
     with pytest.raises(ValueError, match="this batch cannot be read"):
         forward_in_batches(network, images, failing, batch_size=50)
-
 
 
 def write_idx(path, pixels):

@@ -48,7 +48,7 @@ AGENT_PORTS = ("runtime_env_agent_port", "metrics_export_port", "dashboard_agent
 # the GCS and every worker then say so once, in their log files. Given a port where nothing answers, each of them
 # retried it for 30 s and then printed an ERROR on the user's console ("Failed to establish connection to the
 # metrics exporter agent"), in every run longer than that.
-NO_METRICS_AGENT = {"metrics_agent_port": -1}
+NO_METRICS_AGENT_PORT = -1
 # Ray passes every other port to the raylet; this one it leaves for the raylet to read from the agent's file.
 LISTEN_PORT_FLAG = "--dashboard_agent_listen_port"
 
@@ -99,9 +99,8 @@ def agent_ports_given_to_raylet() -> Iterator[ReservedAgentPorts]:
             for name in AGENT_PORTS:
                 if not getattr(params, name, None):  # 0 or None: Ray would let the agent pick
                     setattr(params, name, reserved.reserve(name))
-            for name, port in NO_METRICS_AGENT.items():
-                if not getattr(params, name, None):
-                    setattr(params, name, port)
+            if not params.metrics_agent_port:
+                params.metrics_agent_port = NO_METRICS_AGENT_PORT
             flags = [f"{LISTEN_PORT_FLAG}={params.dashboard_agent_listen_port}"]
             with replaced_attribute(services, "start_ray_process",
                                     lambda start: functools.partial(_start_with_flags, start, flags)):
