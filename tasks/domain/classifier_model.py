@@ -142,8 +142,6 @@ def predictions_frame(probabilities: torch.Tensor, class_names: Sequence[str]) -
     }, columns=list(OUTPUT_COLUMNS))
 
 
-# No type hints on predict (MLflow warns about that once at import): hints would make MLflow derive an input
-# schema, which this model must not have (it accepts several shapes and dtypes and checks them itself).
 class ImageClassifier(mlflow.pyfunc.PythonModel):
     """The pyfunc model of a registered version (loaded by MLflow from this file).
 
@@ -151,6 +149,12 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
     data's pixel statistics on the 0..1 scale), ``architecture``. Artifact ``weights``:
     the network's state dict (``torch.save``; loaded with ``weights_only=True``).
     """
+
+    # No type hints on predict: hints would make MLflow derive an input schema, which this model must not have
+    # (it accepts several shapes and dtypes and checks them itself). Without this flag, MLflow's own for its
+    # built-in models, defining the class printed a yellow "Add type hints to the `predict` method" UserWarning
+    # wherever this file runs: every pipeline step's worker, each registration, load and `mlflow models serve`.
+    _skip_type_hint_validation = True
 
     def __init__(self) -> None:
         self.network: torch.nn.Module | None = None
