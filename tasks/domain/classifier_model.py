@@ -151,9 +151,10 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
     """
 
     # No type hints on predict: hints would make MLflow derive an input schema, which this model must not have
-    # (it accepts several shapes and dtypes and checks them itself). Without this flag, MLflow's own for its
-    # built-in models, defining the class printed a yellow "Add type hints to the `predict` method" UserWarning
-    # wherever this file runs: every pipeline step's worker, each registration, load and `mlflow models serve`.
+    # (it accepts several shapes and dtypes and checks them itself). This flag, the one MLflow sets on its own
+    # built-in models, skips that check; without it, defining the class printed a yellow "Add type hints to the
+    # `predict` method" UserWarning wherever this file runs: every pipeline step's worker, each registration,
+    # load and `mlflow models serve`.
     _skip_type_hint_validation = True
 
     def __init__(self) -> None:
