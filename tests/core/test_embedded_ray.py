@@ -68,8 +68,9 @@ import psutil, socket
 children = {}
 for child in psutil.Process(raylet_pid).children():
     try:
-        children[child.pid] = " ".join(child.cmdline())
-    except psutil.Error:  # a worker that has just exited
+        if child.status() != psutil.STATUS_ZOMBIE:  # a worker that has just exited: no command line left
+            children[child.pid] = " ".join(child.cmdline())
+    except psutil.Error:  # a worker that has just exited and been reaped
         pass
 agents = [cmd for cmd in children.values() if not cmd.startswith("ray::") or "Agent" in cmd]
 stand_in_pids = [pid for pid, cmd in children.items() if "dashboard_agent_stand_in" in cmd]

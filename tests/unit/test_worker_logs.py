@@ -104,3 +104,37 @@ def test_the_printer_skips_other_jobs_lines_as_rays_subscriber_does():
     printer.publish_logs({"job": "01000000", "lines": ["ours"]})
     printer.publish_logs({"job": None, "lines": ["the raylet's"]})
     assert [(d["lines"], d["localhost"]) for d in emitted] == [(["ours"], "10.0.0.1"), (["the raylet's"], "10.0.0.1")]
+
+
+class _Writes:
+    """A console that records each write it gets."""
+
+    def __init__(self):
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_each_worker_line_reaches_the_console_in_one_write(monkeypatch):
+    """A line written in two pieces (text, then newline) could be split by another thread's log line: the flow
+    process's progress line was once glued to a worker's line this way."""
+    from trainlib._internal.execution.worker_logs import _DriverPrinter
+
+    console, errors = _Writes(), _Writes()
+    monkeypatch.setattr("sys.stdout", console)
+    monkeypatch.setattr("sys.stderr", errors)
+    printer = _DriverPrinter("01000000", "10.0.0.1", ignore_prefix=False)
+    printer.publish_logs({"job": "01000000", "pid": 4242, "ip": "10.0.0.1", "is_err": False, "task_name": "train",
+                          "lines": ["first line", "second line"]})
+    printer.publish_logs({"job": "01000000", "pid": 4243, "ip": "10.0.0.2", "is_err": True, "actor_name": "TrainWorker",
+                          "lines": ["an error"]})
+    assert len(console.writes) == 2 and all(w.endswith("\n") and w.count("\n") == 1 for w in console.writes)
+    assert "(train pid=4242)" in console.writes[0] and console.writes[0].rstrip().endswith("first line")
+    assert console.writes[1].rstrip().endswith("second line")
+    [error] = errors.writes
+    assert "(TrainWorker pid=4243, ip=10.0.0.2)" in error and error.rstrip().endswith("an error")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -60,17 +61,47 @@ def without_log_monitor() -> Iterator[SkippedLogMonitor]:
         yield outcome
 
 
+class _WholeLines:
+    """A text stream that hands each line to ``stream`` in one ``write``.
+
+    Ray's printer writes a line with ``print()``: the text, then ``"\n"``, two writes. Another thread of
+    the driver (Prefect's or the user's logging) could write between them and glue its line to a
+    worker's; one write per line keeps the console's lines whole.
+    """
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+        self._pending: list[str] = []
+
+    def write(self, text: str) -> int:
+        self._pending.append(text)
+        if text.endswith("\n"):
+            self.write_pending()
+        return len(text)
+
+    def write_pending(self) -> None:
+        if self._pending:
+            self._stream.write("".join(self._pending))
+            self._pending.clear()
+
+    def flush(self) -> None:
+        self.write_pending()
+        self._stream.flush()
+
+
 class _DriverPrinter:
     """What Ray's ``LogMonitor`` publishes to: Ray's own printer of worker output, called here.
 
     Called directly rather than through the driver's dispatcher, whose printer Ray removes at
     ``ray.shutdown()``: lines a worker wrote just before the user shuts Ray down are still printed.
+    As Ray's ``print_to_stdstream`` (deduplication, then ``print_worker_logs``), but each line reaches
+    the console in one write (:class:`_WholeLines`).
     """
 
     def __init__(self, job_id_hex: str, localhost: str, ignore_prefix: bool):
-        from ray._private.worker import print_to_stdstream
+        from ray._private import worker as ray_worker
 
-        self._print = print_to_stdstream
+        self._ray_worker = ray_worker
         self._job_id_hex = job_id_hex
         self._localhost = localhost
         self._ignore_prefix = ignore_prefix
@@ -80,6 +111,16 @@ class _DriverPrinter:
             return  # another driver's workers (none in an embedded Ray): Ray's subscriber skips them too
         data["localhost"] = self._localhost
         self._print(data, ignore_prefix=self._ignore_prefix)
+
+    def _print(self, data: dict[str, Any], ignore_prefix: bool) -> None:
+        ray_worker = self._ray_worker
+        is_err = bool(data.get("is_err"))
+        deduplicator = ray_worker.stderr_deduplicator if is_err else ray_worker.stdout_deduplicator
+        batches = [data] if data.get("pid") == "autoscaler" else deduplicator.deduplicate(data)
+        sink = _WholeLines(sys.stderr if is_err else sys.stdout)  # the streams of now: pytest and users swap them
+        for batch in batches:
+            ray_worker.print_worker_logs(batch, sink, ignore_prefix)
+        sink.write_pending()
 
 
 class LogTail:
