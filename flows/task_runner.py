@@ -23,6 +23,7 @@ from tasks.domain.reachability import check_reachable
 from trainlib._internal.execution.embedded_ray import (
     LEAN_SYSTEM_CONFIG, WORKER_PRELOAD_MODULES, LeanLocalRay, lean_local_start,
 )
+from trainlib._internal.execution.worker_logs import print_whole_lines
 from trainlib._internal.util.environ import environment
 
 PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
@@ -136,6 +137,8 @@ def make_task_runner(ray_address: str | None, api_url: str) -> RayTaskRunner:
     Inside a Ray job, what the job's runtime env already sets is left to it: Ray refuses to merge a
     field or environment variable given twice, and a job's ``working_dir`` already ships the code.
     """
+    # The flow process prints the workers' output beside Prefect's log lines: whole lines, never glued.
+    print_whole_lines()
     address = cluster_address(ray_address)
     job = job_runtime_env()
     env_vars = {k: v for k, v in ray_worker_env(api_url).items() if k not in (job.get("env_vars") or {})}

@@ -122,17 +122,24 @@ class _Writes:
 
 def test_each_worker_line_reaches_the_console_in_one_write(monkeypatch):
     """A line written in two pieces (text, then newline) could be split by another thread's log line: the flow
-    process's progress line was once glued to a worker's line this way."""
-    from trainlib._internal.execution.worker_logs import _DriverPrinter
+    process's progress line was once glued to a worker's this way. Ray's own printer (a driver on a cluster)
+    and the embedded Ray's reader both go through print_worker_logs."""
+    from ray._private import worker as ray_worker
 
+    from trainlib._internal.execution.worker_logs import _DriverPrinter, print_whole_lines
+
+    monkeypatch.setattr(ray_worker, "print_worker_logs", ray_worker.print_worker_logs)  # restored after the test
+    print_whole_lines()
+    print_whole_lines()  # idempotent: one wrapper, not two
+    assert not getattr(ray_worker.print_worker_logs.__wrapped__, "_whole_lines", False)
     console, errors = _Writes(), _Writes()
     monkeypatch.setattr("sys.stdout", console)
     monkeypatch.setattr("sys.stderr", errors)
     printer = _DriverPrinter("01000000", "10.0.0.1", ignore_prefix=False)
     printer.publish_logs({"job": "01000000", "pid": 4242, "ip": "10.0.0.1", "is_err": False, "task_name": "train",
                           "lines": ["first line", "second line"]})
-    printer.publish_logs({"job": "01000000", "pid": 4243, "ip": "10.0.0.2", "is_err": True, "actor_name": "TrainWorker",
-                          "lines": ["an error"]})
+    ray_worker.print_to_stdstream({"pid": 4243, "ip": "10.0.0.2", "localhost": "10.0.0.1", "is_err": True,
+                                   "actor_name": "TrainWorker", "lines": ["an error"]}, ignore_prefix=False)
     assert len(console.writes) == 2 and all(w.endswith("\n") and w.count("\n") == 1 for w in console.writes)
     assert "(train pid=4242)" in console.writes[0] and console.writes[0].rstrip().endswith("first line")
     assert console.writes[1].rstrip().endswith("second line")

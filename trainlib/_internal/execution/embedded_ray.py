@@ -42,7 +42,9 @@ from trainlib._internal.execution.agent_ports import ReservedAgentPorts, agent_p
 from trainlib._internal.execution.dashboard_agent import LEAN_SYSTEM_CONFIG
 from trainlib._internal.execution.lazy_serializers import defer_serialization_addons
 from trainlib._internal.execution.ray_connect import probe_ray_address
-from trainlib._internal.execution.worker_logs import LogTail, SkippedLogMonitor, start_log_tail, without_log_monitor
+from trainlib._internal.execution.worker_logs import (
+    LogTail, SkippedLogMonitor, print_whole_lines, start_log_tail, without_log_monitor,
+)
 from trainlib._internal.util.patching import replaced_attribute
 
 logger = logging.getLogger("trainlib")
@@ -76,6 +78,7 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
     import ray
 
     global _started_here, _local_ray
+    print_whole_lines()  # also for a Ray the user started: its printer prints the workers' lines
     if ray.is_initialized():
         return
     if _local_ray is not None:  # the reader and ports of an embedded Ray that the user shut down

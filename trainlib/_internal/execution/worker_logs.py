@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -62,12 +62,7 @@ def without_log_monitor() -> Iterator[SkippedLogMonitor]:
 
 
 class _WholeLines:
-    """A text stream that hands each line to ``stream`` in one ``write``.
-
-    Ray's printer writes a line with ``print()``: the text, then ``"\n"``, two writes. Another thread of
-    the driver (Prefect's or the user's logging) could write between them and glue its line to a
-    worker's; one write per line keeps the console's lines whole.
-    """
+    """A text stream that hands each line to ``stream`` in one ``write`` (see :func:`print_whole_lines`)."""
 
     def __init__(self, stream: Any):
         self._stream = stream
@@ -89,19 +84,45 @@ class _WholeLines:
         self._stream.flush()
 
 
+def print_whole_lines() -> None:
+    """From now on, Ray's printer of the workers' output hands each line to the console in one write.
+
+    Ray's ``print_worker_logs`` (private) writes a line with ``print()``: the text, then ``"\n"``, two
+    writes, between which another thread of the driver (Prefect's or the user's logging) could write
+    and glue its line to a worker's. Process-wide and idempotent: every driver of trainlib or the
+    pipeline calls it before Ray starts printing. With a Ray that lacks the function, nothing changes.
+    """
+    try:
+        from ray._private import worker as ray_worker
+
+        original = ray_worker.print_worker_logs
+    except (ImportError, AttributeError):
+        return
+    if getattr(original, "_whole_lines", False):
+        return
+
+    @functools.wraps(original)
+    def print_worker_logs(data: dict[str, Any], print_file: Any, ignore_prefix: bool = False) -> None:
+        sink = _WholeLines(print_file)
+        original(data, sink, ignore_prefix)
+        sink.write_pending()
+
+    print_worker_logs._whole_lines = True  # type: ignore[attr-defined]
+    ray_worker.print_worker_logs = print_worker_logs
+
+
 class _DriverPrinter:
     """What Ray's ``LogMonitor`` publishes to: Ray's own printer of worker output, called here.
 
     Called directly rather than through the driver's dispatcher, whose printer Ray removes at
     ``ray.shutdown()``: lines a worker wrote just before the user shuts Ray down are still printed.
-    As Ray's ``print_to_stdstream`` (deduplication, then ``print_worker_logs``), but each line reaches
-    the console in one write (:class:`_WholeLines`).
     """
 
     def __init__(self, job_id_hex: str, localhost: str, ignore_prefix: bool):
-        from ray._private import worker as ray_worker
+        from ray._private.worker import print_to_stdstream
 
-        self._ray_worker = ray_worker
+        print_whole_lines()
+        self._print = print_to_stdstream
         self._job_id_hex = job_id_hex
         self._localhost = localhost
         self._ignore_prefix = ignore_prefix
@@ -111,16 +132,6 @@ class _DriverPrinter:
             return  # another driver's workers (none in an embedded Ray): Ray's subscriber skips them too
         data["localhost"] = self._localhost
         self._print(data, ignore_prefix=self._ignore_prefix)
-
-    def _print(self, data: dict[str, Any], ignore_prefix: bool) -> None:
-        ray_worker = self._ray_worker
-        is_err = bool(data.get("is_err"))
-        deduplicator = ray_worker.stderr_deduplicator if is_err else ray_worker.stdout_deduplicator
-        batches = [data] if data.get("pid") == "autoscaler" else deduplicator.deduplicate(data)
-        sink = _WholeLines(sys.stderr if is_err else sys.stdout)  # the streams of now: pytest and users swap them
-        for batch in batches:
-            ray_worker.print_worker_logs(batch, sink, ignore_prefix)
-        sink.write_pending()
 
 
 class LogTail:
