@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from flows.heartbeats import end_flow_runs_without_joining_heartbeats
 from flows.params import NAME_PATTERN
-from flows.task_runner import current_api_url, local_task_runner, ray_worker_env
+from flows.task_runner import cluster_task_runner, current_api_url, local_task_runner, ray_worker_env
 from tasks.domain.batch_scoring import ScoringSummary, output_format
 from tasks.domain.home import PipelineHome
 from tasks.domain.promotion import CHAMPION_ALIAS
@@ -95,7 +95,7 @@ def _task_runner(params: ScoreParams, api_url: str) -> RayTaskRunner:
     if not params.ray_address:
         return local_task_runner(preload=SCORING_WORKER_MODULES, worker_env=ray_worker_env(api_url),
                                  num_cpus=params.num_workers)
-    return RayTaskRunner(address=params.ray_address, init_kwargs={"runtime_env": {"env_vars": ray_worker_env(api_url)}})
+    return cluster_task_runner(params.ray_address, {"env_vars": ray_worker_env(api_url)})
 
 
 @flow(name="score-steps")

@@ -137,8 +137,6 @@ def make_task_runner(ray_address: str | None, api_url: str) -> RayTaskRunner:
     Inside a Ray job, what the job's runtime env already sets is left to it: Ray refuses to merge a
     field or environment variable given twice, and a job's ``working_dir`` already ships the code.
     """
-    # The flow process prints the workers' output beside Prefect's log lines: whole lines, never glued.
-    print_whole_lines()
     address = cluster_address(ray_address)
     job = job_runtime_env()
     env_vars = {k: v for k, v in ray_worker_env(api_url).items() if k not in (job.get("env_vars") or {})}
@@ -148,7 +146,17 @@ def make_task_runner(ray_address: str | None, api_url: str) -> RayTaskRunner:
         return local_task_runner(preload=WORKER_PRELOAD_MODULES, worker_env=env_vars)
     if not (job.get("working_dir") or job.get("py_modules")):
         runtime_env["py_modules"] = project_modules()
-    return RayTaskRunner(address=address, init_kwargs={"runtime_env": runtime_env})
+    return cluster_task_runner(address, runtime_env)
+
+
+def cluster_task_runner(address: str, runtime_env: Mapping[str, Any]) -> RayTaskRunner:
+    """prefect-ray's runner on the Ray cluster at ``address``, every task with ``runtime_env``.
+
+    Ray's printer in this process prints the workers' output beside the flow's log lines: each line in one
+    write (``print_whole_lines``), so the two never glue. (A local runner's reader does the same.)
+    """
+    print_whole_lines()
+    return RayTaskRunner(address=address, init_kwargs={"runtime_env": dict(runtime_env)})
 
 
 def check_cluster_reach(api_url: str, mlflow_tracking_uri: str, storage_path: str,

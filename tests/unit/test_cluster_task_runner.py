@@ -109,3 +109,21 @@ def test_local_runner_starts_a_lean_ray_whose_workers_have_the_env_and_torch(no_
     # got its environment back after Ray started.
     assert state["task"] == ["http://127.0.0.1:9/api", True]
     assert state["env_here"] is None
+
+
+def test_a_cluster_runner_prints_the_workers_lines_whole(no_ray_env, monkeypatch):
+    """Both flows' cluster runners (training and scoring) come from cluster_task_runner, which wraps Ray's printer
+    of the workers' output (tests/unit/test_worker_logs.py shows what the wrapper does)."""
+    from ray._private import worker as ray_worker
+
+    from flows.score import ScoreParams, _task_runner
+
+    original = ray_worker.print_worker_logs
+    original = getattr(original, "__wrapped__", original)  # an earlier test of this process may have wrapped it
+    for make in (lambda: make_task_runner("ray://head:10001", API),
+                 lambda: _task_runner(ScoreParams(input_url="in.npy", output_url="out.csv", ray_address="ray://head:10001"), API)):
+        monkeypatch.setattr(ray_worker, "print_worker_logs", original)
+        runner = make()
+        assert runner.address == "ray://head:10001"
+        assert getattr(ray_worker.print_worker_logs, "_whole_lines", False)
+        assert ray_worker.print_worker_logs.__wrapped__ is original
