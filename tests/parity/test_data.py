@@ -11,19 +11,17 @@ import os
 import sys
 import tempfile
 
-import cloudpickle
 import numpy as np
 import pytest
-from ray import cloudpickle as ray_cloudpickle
+from ray import cloudpickle
 
 import trainlib
 from trainlib import DataParallelTrainer
 from trainlib.torch import TorchTrainer
 
 # Ray Data's tasks (map_batches) run in plain Ray workers, which cannot import this test folder: ship this
-# module's functions by value, with cloudpickle (trainlib) and with Ray's own copy of it (Ray Data).
+# module's functions by value, with Ray's copy of cloudpickle (trainlib's and Ray Data's pickler).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-ray_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 N_ROWS = 100_000
 N_FEATURES = 256  # 1 KiB of float32 features per row: ~100 MB per epoch in all

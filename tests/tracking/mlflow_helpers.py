@@ -11,8 +11,8 @@ import sys
 import time
 import urllib.request
 
-import cloudpickle
 import pytest
+from ray import cloudpickle  # trainlib's pickler
 
 from conftest import free_port
 

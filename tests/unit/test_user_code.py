@@ -7,12 +7,12 @@ import subprocess
 import sys
 import textwrap
 
-import cloudpickle
+from ray import cloudpickle  # trainlib's pickler
 
 from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.execution.user_code import dumps_for_workers, missing_modules, user_modules
 
-LOADER = "import sys, cloudpickle; f = cloudpickle.loads(sys.stdin.buffer.read()); print(f({'x': 4}))"
+LOADER = "import sys, pickle; f = pickle.loads(sys.stdin.buffer.read()); print(f({'x': 4}))"
 
 
 def _load_elsewhere(payload: bytes, cwd) -> subprocess.CompletedProcess:
@@ -54,7 +54,7 @@ def test_function_from_a_module_the_worker_lacks_is_shipped_by_value(tmp_path, m
         bound = TrainFunction.bind(module.train_func, {"x": 5})
         assert bound.user_modules == ("my_training", "my_helpers")
         shipped_bound = bound.by_value(["my_training", "my_helpers"])
-        loader = "import sys, cloudpickle; print(cloudpickle.loads(sys.stdin.buffer.read()).load()())"
+        loader = "import sys, pickle; print(pickle.loads(sys.stdin.buffer.read()).load()())"
         done = subprocess.run([sys.executable, "-c", loader], input=cloudpickle.dumps(shipped_bound),
                               capture_output=True, cwd=elsewhere)
         assert done.returncode == 0 and done.stdout.strip() == b"27", done.stderr.decode()
@@ -73,3 +73,31 @@ def test_installed_packages_are_not_candidates():
 
     assert user_modules(func) == [__name__.split(".")[0]]  # this test module, not json or torch
     assert "torch" not in user_modules(func) and "json" not in user_modules(func)
+
+
+def test_a_function_shipped_by_value_fails_with_its_file_and_line_in_the_traceback(tmp_path, monkeypatch):
+    """A script's training function is pickled by value (so is a module a node lacks). Its traceback in a worker
+    must still name the user's file and show the failing line, as under Ray Train: upstream cloudpickle 3.1 writes
+    "<dynamic-code>" for the file, Ray's copy keeps it."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "my_script.py").write_text(textwrap.dedent("""
+        def train_func(config):
+            labels = {"a": 1}
+            return labels[config["key"]]  # the failing line
+    """))
+    monkeypatch.syspath_prepend(str(code))
+    importlib.invalidate_caches()
+    module = importlib.import_module("my_script")
+    try:
+        shipped = TrainFunction.bind(module.train_func, {"key": "b"}).by_value(["my_script"])
+        loader = ("import pickle, sys, traceback\nf = pickle.loads(sys.stdin.buffer.read()).load()\n"
+                  "try:\n    f()\nexcept KeyError:\n    print(traceback.format_exc())")
+        done = subprocess.run([sys.executable, "-c", loader], input=cloudpickle.dumps(shipped), capture_output=True,
+                              cwd=tmp_path, text=False)
+        assert done.returncode == 0, done.stderr.decode()
+        text = done.stdout.decode()
+        assert f'File "{code / "my_script.py"}", line 4, in train_func' in text, text
+        assert 'return labels[config["key"]]  # the failing line' in text
+    finally:
+        sys.modules.pop("my_script", None)

@@ -57,7 +57,7 @@ def _clean_value(key: str, value: Any) -> Any:
         return {k: _clean_value(key, v) for k, v in value.items()}
     if isinstance(value, (str, int, float, bool, type(None))):
         return value
-    import cloudpickle
+    from ray import cloudpickle
 
     try:
         cloudpickle.dumps(value)
@@ -76,7 +76,7 @@ def is_number(value: Any) -> bool:
 
 def _encode(value: Any) -> Any:
     """``json.dumps(default=...)``: a non-JSON value, pickled into a marker dict."""
-    import cloudpickle
+    from ray import cloudpickle
 
     return {PICKLED_KEY: base64.b64encode(cloudpickle.dumps(value)).decode("ascii")}
 
@@ -84,7 +84,7 @@ def _encode(value: Any) -> Any:
 def _decode(obj: dict) -> Any:
     """``json.loads(object_hook=...)``: a marker dict back to its value."""
     if len(obj) == 1 and PICKLED_KEY in obj:
-        import cloudpickle
+        from ray import cloudpickle
 
         try:
             return cloudpickle.loads(base64.b64decode(obj[PICKLED_KEY]))

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 from typing import Any
 
-import cloudpickle
+from ray import cloudpickle  # the pickler of train_fn.py
 
 from trainlib._internal.execution.messages import FailedMessage
 from trainlib.errors import WorkerError

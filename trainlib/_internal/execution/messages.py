@@ -59,7 +59,7 @@ class FailedMessage:
 
     @classmethod
     def from_exception(cls, rank: int, exc: BaseException) -> "FailedMessage":
-        import cloudpickle
+        from ray import cloudpickle
 
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         try:

@@ -7,7 +7,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
+from ray import cloudpickle  # the pickler of train_fn.py
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.train_fn import TrainFunction

@@ -15,7 +15,10 @@ import os
 import sys
 from typing import Any, Callable
 
-import cloudpickle
+# Ray's copy of cloudpickle, as Ray Train's: it keeps the function's file name, so a worker's traceback shows the
+# user's file and line (upstream cloudpickle 3.1 writes "<dynamic-code>"), and modules a user registered with
+# ray.cloudpickle.register_pickle_by_value ship by value, as under Ray Train.
+from ray import cloudpickle
 
 from trainlib._internal.execution import user_code
 

@@ -21,7 +21,7 @@ import threading
 import types
 from typing import Any, Callable, Iterable
 
-import cloudpickle
+from ray import cloudpickle  # the pickler of train_fn.py: by-value registrations must go to its registry
 
 _REGISTRY_LOCK = threading.Lock()  # cloudpickle's by-value registry is process-global
 
