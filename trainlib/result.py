@@ -23,8 +23,9 @@ class Result:
         checkpoint: the latest committed checkpoint, or None.
         path: the run's folder (a URL for remote storage).
         error: the exception that ended the run, or None if it finished.
-        metrics_dataframe: every report as a row (``step``, ``attempt``,
-            ``timestamp``, ``checkpoint`` and the metrics), or None.
+        metrics_dataframe: every report as a row (the metrics, then ``step``, ``attempt``,
+            ``timestamp`` and ``checkpoint``), or None. A metric reported under one of
+            those four names keeps its reported value.
         best_checkpoints: the ``num_to_keep`` best checkpoints as ``(Checkpoint, metrics)``,
             in Ray Train's order: by ``checkpoint_score_attribute``, best last,
             or in report order without one. The latest checkpoint that an
@@ -55,10 +56,7 @@ class Result:
         if "_dataframe" not in self.__dict__:
             import pandas as pd
 
-            self.__dict__["_dataframe"] = pd.DataFrame(
-                [{**r["metrics"], "step": r["step"], "attempt": r["attempt"], "timestamp": r["time"],
-                  "checkpoint": r.get("checkpoint")} for r in self._metrics_rows]
-            )
+            self.__dict__["_dataframe"] = pd.DataFrame([_dataframe_row(r) for r in self._metrics_rows])
         return self.__dict__["_dataframe"]
 
     def __repr__(self) -> str:
@@ -109,3 +107,11 @@ class Result:
                     "intact: run fit() again with the same RunConfig(name, storage_path) to resume it.")
         return cls.from_storage(storage, CheckpointConfig(**record.checkpoint_config), error,
                                 filesystem=storage_filesystem)
+
+
+def _dataframe_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics-log row as a DataFrame row: what the user reported, then trainlib's bookkeeping where it does not
+    collide (a user's own "step" or "timestamp" column must not be overwritten)."""
+    bookkeeping = {"step": row["step"], "attempt": row["attempt"], "timestamp": row["time"],
+                   "checkpoint": row.get("checkpoint")}
+    return {**row["metrics"], **{k: v for k, v in bookkeeping.items() if k not in row["metrics"]}}

@@ -35,7 +35,9 @@ def any_value_train_func():
     for step in range(2):
         trainlib.report({"loss": 1.0 / (step + 1), "phase": f"epoch-{step}", "sizes": [3, 1, step],
                          "nested": {"lr": 0.1, "groups": ["a", "b"]}, "note": None,
-                         "when": datetime.date(2026, 1, step + 1)})
+                         "when": datetime.date(2026, 1, step + 1),
+                         # Names of the dataframe's bookkeeping columns: the user's values must win.
+                         "step": 10 * step, "timestamp": f"t{step}"})
 
 
 def test_any_picklable_metric_value_is_kept_in_metrics_and_the_dataframe(ray_session, storage_path, tmp_path):
@@ -48,13 +50,16 @@ def test_any_picklable_metric_value_is_kept_in_metrics_and_the_dataframe(ray_ses
     frame = result.metrics_dataframe
     assert list(frame["phase"]) == ["epoch-0", "epoch-1"]
     assert list(frame["loss"]) == [1.0, 0.5]
+    assert list(frame["step"]) == [0, 10] and list(frame["timestamp"]) == ["t0", "t1"]
+    assert list(frame["attempt"]) == [0, 0]  # bookkeeping that does not collide stays
     # Read back in a fresh process, from storage alone.
     script = ("import trainlib, sys; r = trainlib.Result.from_path(sys.argv[1]); "
-              "print(repr(r.metrics['when']), r.metrics['sizes'], list(r.metrics_dataframe['phase']))")
+              "print(repr(r.metrics['when']), r.metrics['sizes'], list(r.metrics_dataframe['phase']), "
+              "list(r.metrics_dataframe['step']))")
     out = subprocess.run([sys.executable, "-c", script, result.path], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.returncode == 0, out.stderr
-    assert "datetime.date(2026, 1, 2) [3, 1, 1] ['epoch-0', 'epoch-1']" in out.stdout
+    assert "datetime.date(2026, 1, 2) [3, 1, 1] ['epoch-0', 'epoch-1'] [0, 10]" in out.stdout
 
 
 def tensor_metric_train_func():
