@@ -68,6 +68,21 @@ def test_killed_rank_is_named_with_where_to_find_its_exit_status(ray_session, st
     assert "died" in failure.cause and "pid" in failure.cause and "dmesg" in failure.cause, failure.cause
     assert "Ray's exit type" in failure.cause, failure.cause
     assert len(failure.cause) < 700, failure.cause  # one readable line, not Ray's whole paragraph
+    # Local storage stages nothing: the killed rank, which could not clean up, left no folder in $TMPDIR.
+    assert _staging_folders_of(os.path.join(storage_path, "killed")) == []
+
+
+def _staging_folders_of(run_path: str) -> list[str]:
+    """The staging folders in $TMPDIR that workers of the run at ``run_path`` made."""
+    found = []
+    for root in glob.glob(os.path.join(tempfile.gettempdir(), "trainlib_stage_rank*")):
+        try:
+            with open(os.path.join(root, "run.json")) as f:
+                if json.load(f)["run_path"] == run_path:
+                    found.append(root)
+        except OSError:
+            continue
+    return found
 
 
 def test_failed_runs_leave_no_staging_folders(ray_session, tmp_path):
@@ -79,13 +94,4 @@ def test_failed_runs_leave_no_staging_folders(ray_session, tmp_path):
             DataParallelTrainer(killed_rank_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
                                 run_config=trainlib.RunConfig(name="leftovers", storage_path=f"s3://{s3.bucket}/runs",
                                                               storage_options=s3.options(), verbose=False)).fit()
-        run_path = f"{s3.bucket}/runs/leftovers"
-    left = []
-    for root in glob.glob(os.path.join(tempfile.gettempdir(), "trainlib_stage_rank*")):
-        try:
-            with open(os.path.join(root, "run.json")) as f:
-                if json.load(f)["run_path"] == run_path:
-                    left.append(root)
-        except OSError:
-            continue
-    assert left == []
+    assert _staging_folders_of(f"{s3.bucket}/runs/leftovers") == []

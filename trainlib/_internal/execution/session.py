@@ -72,7 +72,10 @@ class WorkerSession:
         self.outbox = outbox
         self._uploads: queue.Queue = queue.Queue(maxsize=tunables.MAX_PENDING_UPLOADS_PER_WORKER)
         self._dir_names: set[str] = set()  # the checkpoint_dir_names this rank copied into
-        self._staging_root = staging.make_staging_root(info.world_rank, self.storage.run_path, attempt.attempt)
+        # Only remote storage stages checkpoints (report() copies straight into local storage): a folder made for
+        # nothing would outlive a killed worker, and the driver recovers staged files for remote storage only.
+        self._staging_root = None if self.storage.is_local else staging.make_staging_root(
+            info.world_rank, self.storage.run_path, attempt.attempt)
         self._uploader = threading.Thread(target=self._upload_loop, name="trainlib-uploader", daemon=True)
         self._uploader.start()
 
@@ -195,7 +198,11 @@ class WorkerSession:
 
     def close(self) -> None:
         """Remove this worker's staging folder (the group is being torn down)."""
-        shutil.rmtree(self._staging_root, ignore_errors=True)
+        self._remove_staging_root()
+
+    def _remove_staging_root(self) -> None:
+        if self._staging_root is not None:
+            shutil.rmtree(self._staging_root, ignore_errors=True)
 
     def wait_uploads(self, timeout: float) -> bool:
         """Wait until every queued report reached the driver's outbox; True if it did in time."""
@@ -214,7 +221,7 @@ class WorkerSession:
                 if not isinstance(item, _PendingReport):  # done or failed: the last message of this session
                     if not failed:
                         self.outbox.put(item)
-                    shutil.rmtree(self._staging_root, ignore_errors=True)
+                    self._remove_staging_root()
                     return
                 if failed:
                     continue  # the driver already has this worker's failure; drain so report() never blocks
