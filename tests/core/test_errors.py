@@ -112,6 +112,16 @@ def test_bad_configs_name_the_field_and_the_fix(make, field):
     assert field in str(info.value)
 
 
+def test_a_storage_path_that_is_a_file_names_the_field_before_any_worker_starts(tmp_path):
+    """Fails on the run's first write (the lease), before Ray is touched: no ray_session needed."""
+    a_file = tmp_path / "runs"
+    a_file.write_text("not a folder")
+    trainer = DataParallelTrainer(noop_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
+                                  run_config=trainlib.RunConfig(name="r", storage_path=str(a_file), verbose=False))
+    with pytest.raises(trainlib.StorageError, match=r"RunConfig\.storage_path=.*NotADirectoryError.*Pass a folder"):
+        trainer.fit()
+
+
 def takes_nothing():
     pass
 

@@ -38,7 +38,7 @@ from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from trainlib.data import DataConfig, check_datasets
-from trainlib.errors import ControllerError, TrainlibError
+from trainlib.errors import ControllerError, StorageError, TrainlibError
 from trainlib.result import Result
 
 logger = logging.getLogger("trainlib")
@@ -118,7 +118,14 @@ class DataParallelTrainer:
         storage = run_storage(rc, rc.name or default_run_name(type(self).__name__))
         # One driver per run: take the run's lease before reading or changing its folder.
         lease = RunLease(storage)
-        lease.acquire()
+        try:
+            lease.acquire()
+        except OSError as exc:  # the first write to storage: a file in the way, no permission, a read-only disk
+            raise StorageError(
+                f"RunConfig.storage_path={rc.storage_path!r}: the run's folder {storage.uri()} cannot be created or "
+                f"written ({type(exc).__name__}: {exc}). Pass a folder this process can write to (created if "
+                "missing), or an fsspec URL such as 's3://bucket/runs'."
+            ) from exc
         try:
             return self._fit(storage, lease)
         finally:
