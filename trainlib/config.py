@@ -70,6 +70,12 @@ class ScalingConfig:
                 f"ScalingConfig.num_workers must be an int or a (min_workers, max_workers) tuple of ints, got "
                 f"{self.num_workers!r}: e.g. ScalingConfig(num_workers=2) or ScalingConfig(num_workers=(1, 4))."
             )
+        if counts == (0,):
+            raise ValueError(
+                "ScalingConfig.num_workers=0 is Ray Train's local mode (the function runs in the driver), which "
+                "trainlib does not have: use num_workers=1, one worker process (report(), get_context() and "
+                "checkpoints work as with more)."
+            )
         if min(counts) < 1:
             raise ValueError(
                 f"ScalingConfig.num_workers={self.num_workers} is invalid: at least 1 worker is "
