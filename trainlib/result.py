@@ -11,7 +11,7 @@ from trainlib._internal.storage.run_record import RunRecord, RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig
-from trainlib.errors import TrainlibError
+from trainlib.errors import TrainingFailedError
 
 
 @dataclasses.dataclass
@@ -89,6 +89,8 @@ class Result:
         Only committed checkpoints are listed; a folder left half-written by a
         crash is ignored. A run recorded as running whose driver is gone (its
         lease is stale) has ``error`` set, saying so: run it again to resume it.
+        ``error`` is a :class:`TrainingFailedError` (what ``except TrainingFailedError``
+        around ``fit()`` catches) holding the recorded error's text.
         """
         from trainlib._internal.storage.lease import read_lease
 
@@ -96,12 +98,12 @@ class Result:
         record = RunRecord.load(storage)
         error = None
         if record.status is RunStatus.FAILED:
-            error = TrainlibError(record.error or "the run failed")
+            error = TrainingFailedError(record.error or "the run failed")  # the text; the class is fit()'s base
         elif record.status in (RunStatus.PENDING, RunStatus.RUNNING):
             lease = read_lease(storage)
             gone = lease.stale_reason() if lease is not None else None
             if gone:
-                error = TrainlibError(
+                error = TrainingFailedError(
                     f"The run is recorded {record.status.value} but its driver ({lease.describe()}) is gone: {gone}. "
                     "It ended without recording how (killed, or its storage failed). Its committed checkpoints are "
                     "intact: run fit() again with the same RunConfig(name, storage_path) to resume it.")

@@ -44,7 +44,7 @@ def test_fit_raises_with_the_failing_rank_and_its_traceback_and_stops_the_others
         time.sleep(0.2)
     # The run is recorded as failed, with what it reported before.
     result = trainlib.Result.from_path(error_path(storage_path))
-    assert result.error is not None and "bad batch 42" in str(result.error)
+    assert isinstance(result.error, trainlib.TrainingFailedError) and "bad batch 42" in str(result.error)
 
 
 def error_path(storage_path):
