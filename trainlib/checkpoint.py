@@ -84,8 +84,10 @@ class Checkpoint:
     def as_directory(self) -> Iterator[str]:
         """A local folder with the checkpoint's files, for the duration of the ``with`` block.
 
-        Local checkpoints are read in place (treat the folder as read-only);
-        remote ones are downloaded to a temporary folder, deleted afterwards.
+        Local checkpoints are read in place (treat the folder as read-only); the folder
+        then also holds trainlib's commit marker, ``.trainlib_commit.json``, which
+        ``to_directory()`` leaves out. Remote ones are downloaded to a temporary folder,
+        without the marker, deleted afterwards.
         """
         if self.is_local:
             yield self.path
