@@ -269,7 +269,7 @@ def test_only_numbers_go_to_mlflow_and_the_rest_is_skipped_with_one_warning(ray_
                                                         verbose=False, callbacks=[mlflow_logger])).fit()
     assert result.metrics["phase"] == "epoch-1"
     run = MlflowClient(uri).get_run(mlflow_logger.run_id)
-    assert set(run.data.metrics) == {"loss"}
+    assert set(run.data.metrics) == {"loss", "step"}  # the user's own "step" is a number: logged too
     assert [m.value for m in MlflowClient(uri).get_metric_history(run.info.run_id, "loss")] == [1.0, 0.5]
     warnings = [r.message for r in caplog.records if "MLflow logs only numeric metrics" in r.message]
     assert len(warnings) == 1 and "phase" in warnings[0] and "when" in warnings[0]
