@@ -9,6 +9,7 @@ from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import BAD_REQUEST, RESOURCE_DOES_NOT_EXIST
 from mlflow.tracking import MlflowClient
 
 from trainlib._internal.tracking.params import truncate
@@ -53,14 +54,14 @@ def send_record(client: MlflowClient, record: dict[str, Any]) -> None:
         if not checkpoint.filesystem.exists(checkpoint.path):
             raise MlflowException(
                 f"checkpoint {record['source']} no longer exists (deleted by retention?)",
-                error_code="RESOURCE_DOES_NOT_EXIST",
+                error_code=RESOURCE_DOES_NOT_EXIST,  # the proto's code: MLflow reads a string as INTERNAL_ERROR
             )
         with checkpoint.as_directory() as folder:
             client.log_artifacts(run_id, folder, record["artifact_path"])
     elif kind == "status":
         client.set_terminated(run_id, record["status"], end_time=int(record["end_time"]))
     else:
-        raise MlflowException(f"unknown spool record kind {kind!r}", error_code="BAD_REQUEST")
+        raise MlflowException(f"unknown spool record kind {kind!r}", error_code=BAD_REQUEST)
 
 
 def spoolable(record: dict[str, Any]) -> dict[str, Any]:
