@@ -330,3 +330,24 @@ def test_worker_error_text_shows_only_what_is_known():
     assert str(WorkerError(1, "ValueError: x", node_ip="10.0.0.2")).startswith("worker rank 1 (node 10.0.0.2) failed")
     assert "(node 10.0.0.2, pid 7)" in str(WorkerError(1, "ValueError: x", node_ip="10.0.0.2", pid=7))
     assert str(WorkerError(0, "boom")) == "worker rank 0 failed: boom"
+
+
+def test_a_workers_flush_wakes_the_drivers_next_messages_call():
+    """The driver waits for each rank's outstanding next_messages() after a failure: flush() must end a call that
+    is blocked on the emptied outbox, or the driver would wait out its timeout (or drop what the call held)."""
+    import threading
+
+    from trainlib._internal.execution.messages import DoneMessage
+    from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
+
+    worker = TrainWorker(WorkerBackend(), 1, {})
+    answers = []
+    call = threading.Thread(target=lambda: answers.append(worker.next_messages()), daemon=True)
+    call.start()
+    call.join(0.2)
+    assert call.is_alive()  # blocked: nothing queued
+    assert worker.flush(0) == []
+    call.join(5)
+    assert not call.is_alive() and answers == [[]]
+    worker.outbox.put(DoneMessage(0))  # the wake-up is never handed to the driver
+    assert worker.next_messages() == [DoneMessage(0)]

@@ -71,6 +71,7 @@ class WorkerSession:
         self.preemption: Any = None  # a trainlib.PreemptionInfo once the driver sees a node of the run draining
         self.outbox = outbox
         self._uploads: queue.Queue = queue.Queue(maxsize=tunables.MAX_PENDING_UPLOADS_PER_WORKER)
+        self._in_report = False  # the training thread is inside report()
         self._dir_names: set[str] = set()  # the checkpoint_dir_names this rank copied into
         # Only remote storage stages checkpoints (report() copies straight into local storage): a folder made for
         # nothing would outlive a killed worker, and the driver recovers staged files for remote storage only.
@@ -83,6 +84,15 @@ class WorkerSession:
 
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, options: ReportOptions | None = None
                ) -> None:
+        # A flush after another rank failed waits for a report() under way too (copying its checkpoint): every
+        # rank may have made that report by the time it is queued, and the driver commits it then.
+        self._in_report = True
+        try:
+            self._report(metrics, checkpoint, options)
+        finally:
+            self._in_report = False
+
+    def _report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None, options: ReportOptions | None) -> None:
         options = options or ReportOptions()
         clean = metric_values.clean_metrics(metrics)
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
@@ -205,11 +215,11 @@ class WorkerSession:
             shutil.rmtree(self._staging_root, ignore_errors=True)
 
     def wait_uploads(self, timeout: float) -> bool:
-        """Wait until every queued report reached the driver's outbox; True if it did in time."""
+        """Wait until every report made or under way reached the driver's outbox; True if it did in time."""
         deadline = time.monotonic() + timeout
-        while self._uploads.unfinished_tasks and time.monotonic() < deadline:
+        while (self._in_report or self._uploads.unfinished_tasks) and time.monotonic() < deadline:
             time.sleep(0.05)
-        return not self._uploads.unfinished_tasks
+        return not (self._in_report or self._uploads.unfinished_tasks)
 
     # -- uploader thread ---------------------------------------------------------
 

@@ -22,6 +22,9 @@ from trainlib._internal.execution.spec import Placement, WorkerInfo, WorkerStart
 from trainlib._internal.execution.train_fn import TrainFunction, extend_sys_path
 
 
+_WAKE = object()  # put by flush(): ends a next_messages() blocked on an empty outbox; never sent
+
+
 class WorkerBackend:
     """What a framework does around the user's function in each worker (see trainlib.torch).
 
@@ -117,8 +120,8 @@ class TrainWorker:
             self.session.preemption = info
 
     def next_messages(self) -> list[WorkerMessage]:
-        """Block until this worker has something for the driver; return all of it, in order."""
-        return self._drain([self.outbox.get()])
+        """Block until this worker has something for the driver (or flush() woke it); return all of it, in order."""
+        return [m for m in self._drain([self.outbox.get()]) if m is not _WAKE]
 
     def close(self) -> None:
         """Before the group is torn down: remove this worker's staging folder."""
@@ -129,7 +132,11 @@ class TrainWorker:
         """After another rank failed: let pending uploads finish, then return what is queued."""
         if self.session is not None:
             self.session.wait_uploads(timeout)
-        return self._drain([])
+        messages = [m for m in self._drain([]) if m is not _WAKE]
+        # A next_messages() call of the driver's may be blocked on the emptied queue, or hold messages taken just
+        # before this drain: wake it, so the driver can wait for its answer instead of dropping it.
+        self.outbox.put(_WAKE)
+        return messages
 
     def _drain(self, messages: list[WorkerMessage]) -> list[WorkerMessage]:
         """``messages`` and then everything queued now, in order."""

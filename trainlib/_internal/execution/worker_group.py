@@ -203,17 +203,21 @@ class RayWorkerGroup:
         out: list[WorkerMessage] = []
         refs = {a.flush.remote(timeout): rank for rank, a in enumerate(self._actors)}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout + 1.0)
-        # Outstanding next_messages calls of ranks stuck in a collective never return: take
-        # only those already answered (a dead rank's answers at once, with its death).
+        # Each rank's outstanding next_messages call holds its earlier messages: the worker's flush woke it, so
+        # it answers at once (a dead rank's with its death). Its messages go first: taking only those answered
+        # at that instant lost a report now and then, and taking them after flush's committed steps out of order.
         if self._pending:
-            ready += ray.wait(list(self._pending), num_returns=len(self._pending), timeout=0)[0]
+            ready = ray.wait(list(self._pending), num_returns=len(self._pending), timeout=1.0)[0] + ready
+        dead: set[int] = set()
         for ref in ready:
             rank = refs.get(ref, self._pending.get(ref))
             try:
                 out.extend(ray.get(ref))
             except RayActorError as exc:
-                # A rank that died: the controller may pick its death as the root cause.
-                out.extend(self._recover_staged(rank) + [self._death_message(rank, exc)])
+                if rank not in dead:  # its next_messages and its flush both fail: one death, one recovery
+                    dead.add(rank)
+                    # A rank that died: the controller may pick its death as the root cause.
+                    out.extend(self._recover_staged(rank) + [self._death_message(rank, exc)])
         return out
 
     def _recover_staged(self, rank: int) -> list[WorkerMessage]:
