@@ -74,3 +74,11 @@ def test_get_device_reads_the_session(tmp_path):
     finally:
         set_session(None)
         session.finish()
+
+
+def test_init_method_is_accepted_as_in_ray_train_and_checked():
+    # Ray Train's two values: both mean the same TCP-store rendezvous here, so the process group is the same.
+    assert process_group_args(TorchConfig(init_method="tcp"), info(), torch.device("cpu")) == \
+        process_group_args(TorchConfig(init_method="env"), info(), torch.device("cpu"))
+    with pytest.raises(ValueError, match="TorchConfig.init_method='file'.*'env' or 'tcp'"):
+        TorchConfig(init_method="file")
