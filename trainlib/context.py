@@ -102,7 +102,8 @@ class TrainContext:
 def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, checkpoint_dir_name: str | None = None,
            checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
            delete_local_checkpoint_after_upload: bool | None = None,
-           checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None) -> None:
+           checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
+           validation: Any = False) -> None:
     """Report metrics, and optionally a checkpoint, from every worker.
 
     Every rank must call ``report`` the same number of times. Rank 0's metrics
@@ -125,6 +126,8 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, checkp
             (default: True for ASYNC only, as in Ray Train).
         checkpoint_upload_fn: ``fn(checkpoint, checkpoint_dir_name) -> Checkpoint``, your own
             upload into the run folder (``get_context().get_storage()``), used instead of trainlib's copy.
+        validation: Ray Train's asynchronous checkpoint validation, which trainlib does not have:
+            only ``False`` (the default) is accepted.
 
     Raises:
         TypeError: ``metrics`` is not a dict of picklable values, or an option has the wrong type.
@@ -132,6 +135,10 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, checkp
             checkpoint is not in the run folder.
         RuntimeError: called outside a training worker.
     """
+    if validation is not False:
+        raise ValueError(f"report(validation={validation!r}): trainlib has no asynchronous checkpoint validation "
+                         "(Ray Train's ValidationConfig). Drop validation=, and compute validation metrics in the "
+                         "training function before report(), or on the checkpoint after fit().")
     if not isinstance(checkpoint_upload_mode, CheckpointUploadMode):
         raise TypeError(f"report(checkpoint_upload_mode={checkpoint_upload_mode!r}): use "
                         "trainlib.CheckpointUploadMode.SYNC, ASYNC or NO_UPLOAD.")

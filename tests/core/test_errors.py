@@ -210,3 +210,12 @@ def test_public_api_is_pinned():
         "TorchConfig", "TorchTrainer", "accelerate", "backward", "enable_reproducibility", "get_device",
         "get_devices", "prepare_data_loader", "prepare_model", "prepare_optimizer",
     ]
+
+
+def test_report_validation_says_trainlib_has_none():
+    # Checked before anything else, so it shows on the driver too: no worker needed.
+    with pytest.raises(ValueError, match=r"report\(validation=True\): trainlib has no asynchronous checkpoint "
+                                         r"validation.*Drop validation="):
+        trainlib.report({"loss": 1.0}, validation=True)
+    with pytest.raises(RuntimeError):  # the default is accepted: only "outside a worker" remains
+        trainlib.report({"loss": 1.0}, validation=False)
