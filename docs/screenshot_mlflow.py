@@ -82,8 +82,8 @@ def main() -> None:
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     args = parser.parse_args()
 
-    import cloudpickle
     from playwright.sync_api import sync_playwright
+    from ray import cloudpickle  # trainlib's pickler
 
     import trainlib
     from trainlib.mlflow import MLflowLogger
