@@ -32,6 +32,9 @@ class Result:
             unfinished run keeps for resuming is not among them unless it is one of the best.
         filesystem: the filesystem of ``path``: the one given as ``storage_filesystem``
             (fsspec or ``pyarrow.fs``), else the fsspec filesystem of the storage URL.
+        return_value: what the training function returned on rank 0, or None (it returned
+            nothing, the run failed, or the Result was read back with ``from_path``: the value
+            is not stored in the run folder, as in Ray Train).
 
     Example:
         >>> result = trainer.fit()
@@ -44,6 +47,7 @@ class Result:
     error: BaseException | None = None
     best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = dataclasses.field(default_factory=list)
     filesystem: Any = dataclasses.field(default=None, repr=False)
+    return_value: Any = dataclasses.field(default=None, repr=False)
     # The metrics log's rows; the DataFrame is built from them on first use, so fit() does
     # not import pandas (~0.5 s, ~70 MB) for a caller that never looks.
     _metrics_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)

@@ -273,3 +273,36 @@ def test_only_numbers_go_to_mlflow_and_the_rest_is_skipped_with_one_warning(ray_
     assert [m.value for m in MlflowClient(uri).get_metric_history(run.info.run_id, "loss")] == [1.0, 0.5]
     warnings = [r.message for r in caplog.records if "MLflow logs only numeric metrics" in r.message]
     assert len(warnings) == 1 and "phase" in warnings[0] and "when" in warnings[0]
+
+
+# -- Result.return_value --------------------------------------------------------------
+
+
+def return_value_train_func(config):
+    trainlib.report({"loss": 0.5})
+    if config["unpicklable"]:
+        import threading
+
+        return threading.Lock()
+    return {"rank": trainlib.get_context().get_world_rank(), "weights": [1.0, 2.0]}
+
+
+def test_result_return_value_is_what_rank_0_returned(ray_session, storage_path):
+    result = _trainer(return_value_train_func, storage_path, config={"unpicklable": False}, name="returns").fit()
+    assert result.return_value == {"rank": 0, "weights": [1.0, 2.0]}
+    # As in Ray Train, the value lives in fit()'s Result only, not in the run folder.
+    assert trainlib.Result.from_path(result.path).return_value is None
+    # A value that cannot be pickled does not fail a run that finished: None, and the worker warns.
+    result = _trainer(return_value_train_func, storage_path, config={"unpicklable": True}, name="returns-lock").fit()
+    assert result.error is None and result.metrics == {"loss": 0.5} and result.return_value is None
+
+
+def test_an_unpicklable_return_value_is_named_in_the_warning(caplog):
+    import threading
+
+    from trainlib._internal.execution.session import _pickled_return_value
+
+    with caplog.at_level("WARNING", logger="trainlib"):
+        assert _pickled_return_value(threading.Lock()) is None
+    assert "returned a lock, which cannot be pickled" in caplog.text and "state_dict()" in caplog.text
+    assert _pickled_return_value(None) is None and _pickled_return_value(3) is not None

@@ -96,6 +96,7 @@ class Controller:
         # earlier driver runs and of this one never share an attempt number.
         self.attempt = 1 + max((int(r.get("attempt", 0)) for r in self.metrics_rows), default=-1)
         self.num_nodes = 1
+        self.return_value: Any = None  # rank 0's, from the attempt that finished (Result.return_value)
 
     # -- the state machine -------------------------------------------------------
 
@@ -191,6 +192,8 @@ class Controller:
                     self._add_report(pending, committed_steps, world_size, message)
                 elif isinstance(message, DoneMessage):
                     done.add(message.rank)
+                    if message.rank == 0:
+                        self.return_value = _return_value(message)
                     first_done_at = first_done_at or time.monotonic()
                 else:
                     failures = [worker_error(message, plan)]
@@ -292,6 +295,15 @@ class Controller:
 
     def _notify(self, hook: str, *args: Any) -> None:
         self.callback_runner.notify(hook, *args)
+
+
+def _return_value(message: DoneMessage) -> Any:
+    try:
+        return message.return_value()
+    except Exception as exc:  # noqa: BLE001 - e.g. its class is not importable here; the run itself finished
+        logger.warning("Rank 0's return value cannot be unpickled on the driver (%s: %s): Result.return_value is "
+                       "None. Return plain values (numbers, lists, dicts, tensors).", type(exc).__name__, exc)
+        return None
 
 
 def _fmt_value(value: Any) -> str:

@@ -45,6 +45,16 @@ class DoneMessage:
 
     kind: ClassVar[MessageKind] = MessageKind.DONE
     rank: int
+    # Rank 0's return value, pickled in the worker (``Result.return_value``); None for other ranks, for None, and
+    # for a value that could not be pickled (the worker warned).
+    return_payload: bytes | None = None
+
+    def return_value(self) -> Any:
+        if self.return_payload is None:
+            return None
+        from ray import cloudpickle
+
+        return cloudpickle.loads(self.return_payload)
 
 
 @dataclasses.dataclass(frozen=True)

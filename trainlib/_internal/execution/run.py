@@ -134,6 +134,8 @@ def close_run(run: OpenedRun, run_config: RunConfig, run_info: RunInfo, controll
             raise
         logger.warning("Could not read the failed run back from storage: %s", exc)
         result = Result(metrics=None, checkpoint=None, path=storage.uri(), error=error)
+    if error is None:
+        result.return_value = controller.return_value
     # The hooks queued during the run first, bounded: a tracking server that hangs does not hold
     # the run; then after_run, unless a callback is stuck.
     delivered = controller.callback_runner.drain(tunables.CALLBACK_DRAIN_TIMEOUT_S)

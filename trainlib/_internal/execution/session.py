@@ -10,6 +10,7 @@ order. Training waits only for the local copy.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import posixpath
 import queue
@@ -199,10 +200,11 @@ class WorkerSession:
                 )
             time.sleep(tunables.COMMIT_POLL_INTERVAL_S)
 
-    def finish(self, error: BaseException | None = None) -> None:
-        """Queue the end of training (after every pending upload) for the driver."""
+    def finish(self, error: BaseException | None = None, return_value: Any = None) -> None:
+        """Queue the end of training (after every pending upload) for the driver, with rank 0's return value."""
         if error is None:
-            self._uploads.put(DoneMessage(self.info.world_rank))
+            payload = _pickled_return_value(return_value) if self.info.world_rank == 0 else None
+            self._uploads.put(DoneMessage(self.info.world_rank, return_payload=payload))
         else:
             self._uploads.put(FailedMessage.from_exception(self.info.world_rank, error))
 
@@ -252,6 +254,23 @@ class WorkerSession:
                 self.outbox.put(FailedMessage.from_exception(self.info.world_rank, exc))
             finally:
                 self._uploads.task_done()
+
+
+def _pickled_return_value(value: Any) -> bytes | None:
+    """``value`` pickled for ``Result.return_value``; None (with a warning) when it cannot be: the run itself
+    finished, and its checkpoints and metrics are committed."""
+    if value is None:
+        return None
+    from ray import cloudpickle
+
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure
+        logging.getLogger("trainlib").warning(
+            "The training function returned a %s, which cannot be pickled (%s: %s): Result.return_value is None. "
+            "Return a picklable value, e.g. plain numbers, lists, dicts or a model's state_dict().",
+            type(value).__name__, type(exc).__name__, exc)
+        return None
 
 
 _session: WorkerSession | None = None

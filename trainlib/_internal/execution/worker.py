@@ -107,12 +107,12 @@ class TrainWorker:
                 train_fn = ray.get(train_fn)  # the driver put it once into the object store
             call = train_fn.load()
             self.session.device = self.backend.on_start(self.session.info)
-            call()
+            value = call()
             self.backend.on_shutdown()
         except BaseException as exc:  # noqa: BLE001 - every failure goes to the driver
             self.session.finish(exc)
         else:
-            self.session.finish()
+            self.session.finish(return_value=value)
 
     def mark_preempted(self, info: Any) -> None:
         """The driver saw a node of this run draining: ``get_preemption_info()`` returns ``info`` from now on."""
