@@ -155,7 +155,8 @@ class CheckpointConfig:
             is not one of the best; it is not listed in ``Result.best_checkpoints``
             and it is deleted when the run finishes, so a finished run holds
             exactly ``num_to_keep`` checkpoints.
-        checkpoint_score_attribute: the reported metric that ranks checkpoints;
+        checkpoint_score_attribute: the reported metric that ranks checkpoints (a ``/`` path
+            reaches into nested metrics, as in Ray Train: ``"val/loss"``);
             ``None`` ranks them by recency (keep the latest N).
         checkpoint_score_order: ``"max"`` (higher is better) or ``"min"``.
 

@@ -6,6 +6,7 @@ import dataclasses
 import os
 from typing import Any
 
+from trainlib._internal.metrics import lookup_metric
 from trainlib._internal.storage.retention import best_checkpoints
 from trainlib._internal.storage.run_record import RunRecord, RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
@@ -62,6 +63,29 @@ class Result:
 
             self.__dict__["_dataframe"] = pd.DataFrame([_dataframe_row(r) for r in self._metrics_rows])
         return self.__dict__["_dataframe"]
+
+    def get_best_checkpoint(self, metric: str, mode: str) -> Checkpoint | None:
+        """The checkpoint of ``best_checkpoints`` with the highest (``mode="max"``) or lowest (``"min"``) ``metric``,
+        as in Ray Train; checkpoints reported without the metric are skipped. ``metric`` may be a ``/`` path into
+        nested metrics (``"val/loss"``).
+
+        Raises:
+            RuntimeError: the run kept no checkpoint, or none of them has ``metric``.
+            ValueError: ``mode`` is neither ``"min"`` nor ``"max"``.
+        """
+        if mode not in ("min", "max"):
+            raise ValueError(f"Result.get_best_checkpoint(mode={mode!r}) is invalid: use mode='min' or mode='max'.")
+        if not self.best_checkpoints:
+            raise RuntimeError(f"Result.get_best_checkpoint(): the run at {self.path} kept no checkpoint: report one "
+                               "with trainlib.report(metrics, checkpoint=trainlib.Checkpoint.from_directory(folder)).")
+        scored = [(checkpoint, value) for checkpoint, metrics in self.best_checkpoints
+                  if (value := lookup_metric(metrics, metric)) is not None]
+        if not scored:
+            reported = sorted({name for _, metrics in self.best_checkpoints for name in metrics})
+            raise RuntimeError(f"Result.get_best_checkpoint(metric={metric!r}): no checkpoint was reported with that "
+                               f"metric. The checkpoints' metrics are: {reported}.")
+        choose = max if mode == "max" else min
+        return choose(scored, key=lambda pair: pair[1])[0]
 
     def __repr__(self) -> str:
         error = f", error={type(self.error).__name__}" if self.error else ""

@@ -107,3 +107,48 @@ def test_num_to_keep_must_be_positive(bad):
 def test_score_order_is_checked():
     with pytest.raises(ValueError, match="checkpoint_score_order='best'.*'max'"):
         CheckpointConfig(checkpoint_score_order="best")
+
+
+def nested(*losses):
+    return [CommittedCheckpoint(step=i + 1, path=f"/r/checkpoint_{i + 1:06d}", metrics={"val": {"loss": v}},
+                                committed_at=float(i)) for i, v in enumerate(losses)]
+
+
+def test_a_slash_path_scores_nested_metrics_as_ray_train_does(caplog):
+    config = CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="val/loss", checkpoint_score_order="min")
+    all_ = nested(0.9, 0.2, 0.5, 0.7)
+    assert [c.step for c in best_checkpoints(all_, config)] == [3, 2]  # best last
+    with caplog.at_level(logging.WARNING, logger="trainlib"):
+        warn_if_unscored(all_[0], config)
+    assert caplog.records == []  # the nested metric is found: no "has no metric" warning
+
+
+def test_lookup_metric_prefers_a_flat_name_then_walks_dicts_and_lists():
+    from trainlib._internal.metrics import lookup_metric
+
+    metrics = {"val/loss": 1.0, "val": {"loss": 2.0, "acc": [0.5, 0.75]}, "x": 3}
+    assert lookup_metric(metrics, "val/loss") == 1.0
+    assert lookup_metric({"val": {"loss": 2.0}}, "val/loss") == 2.0
+    assert lookup_metric(metrics, "val/acc/1") == 0.75 and lookup_metric(metrics, "val/acc/-1") == 0.75
+    assert lookup_metric(metrics, "val/acc/2") is None and lookup_metric(metrics, "x/y") is None
+    assert lookup_metric(metrics, "missing", default=-1) == -1
+
+
+def _result(*metric_dicts):
+    from trainlib import Checkpoint, Result
+
+    best = [(Checkpoint(f"/r/checkpoint_{i:06d}"), m) for i, m in enumerate(metric_dicts, 1)]
+    return Result(metrics=metric_dicts[-1] if metric_dicts else None, checkpoint=None, path="/r", best_checkpoints=best)
+
+
+def test_get_best_checkpoint_picks_by_metric_and_mode_skipping_checkpoints_without_it():
+    result = _result({"loss": 0.5, "val": {"acc": 0.1}}, {"loss": 0.2}, {"other": 1}, {"loss": 0.9, "val": {"acc": 0.8}})
+    assert result.get_best_checkpoint("loss", "min").path.endswith("checkpoint_000002")
+    assert result.get_best_checkpoint("loss", "max").path.endswith("checkpoint_000004")
+    assert result.get_best_checkpoint("val/acc", "max").path.endswith("checkpoint_000004")
+    with pytest.raises(ValueError, match="mode='min' or mode='max'"):
+        result.get_best_checkpoint("loss", "lowest")
+    with pytest.raises(RuntimeError, match=r"metric='acc'.*\['loss', 'other', 'val'\]"):
+        result.get_best_checkpoint("acc", "max")
+    with pytest.raises(RuntimeError, match="kept no checkpoint"):
+        _result().get_best_checkpoint("loss", "min")

@@ -19,6 +19,25 @@ from typing import Any
 from trainlib._internal import tunables
 
 PICKLED_KEY = "__trainlib_pickled__"
+_MISSING = object()
+
+
+def lookup_metric(metrics: dict[str, Any], name: str, default: Any = None) -> Any:
+    """The metric ``name``, where a ``/`` path reaches into nested values as in Ray Train: ``"val/loss"`` is
+    ``metrics["val/loss"]`` if reported under that name, else ``metrics["val"]["loss"]`` (list items by index)."""
+    if name in metrics:
+        return metrics[name]
+    value: Any = metrics
+    for part in name.split("/"):
+        if isinstance(value, dict):
+            value = value.get(part, _MISSING)
+        elif isinstance(value, (list, tuple)) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
+            value = value[int(part)]
+        else:
+            value = _MISSING
+        if value is _MISSING:
+            return default
+    return value
 
 
 def clean_metrics(metrics: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 
+from trainlib._internal.metrics import lookup_metric
 from trainlib._internal.storage.commits import CommittedCheckpoint
 from trainlib.config import CheckpointConfig
 
@@ -12,7 +13,7 @@ logger = logging.getLogger("trainlib")
 
 
 def _score(checkpoint: CommittedCheckpoint, config: CheckpointConfig) -> float:
-    value = checkpoint.metrics.get(config.checkpoint_score_attribute)
+    value = lookup_metric(checkpoint.metrics, config.checkpoint_score_attribute)
     if not isinstance(value, (int, float)) or math.isnan(value):
         return -math.inf  # a checkpoint without the score ranks last
     return value if config.checkpoint_score_order == "max" else -value
@@ -48,7 +49,7 @@ def checkpoints_to_delete(checkpoints: list[CommittedCheckpoint], config: Checkp
 
 def warn_if_unscored(checkpoint: CommittedCheckpoint, config: CheckpointConfig) -> None:
     attribute = config.checkpoint_score_attribute
-    if attribute is not None and attribute not in checkpoint.metrics:
+    if attribute is not None and lookup_metric(checkpoint.metrics, attribute) is None:
         logger.warning(
             "Checkpoint at step %d has no metric %r (CheckpointConfig.checkpoint_score_attribute); it ranks last. "
             "Report %r with every checkpoint. Reported metrics: %s",
