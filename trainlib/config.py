@@ -17,6 +17,7 @@ from trainlib._internal import tunables
 MAX_RUN_NAME_LENGTH = 200
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"  # Ray's node resource per accelerator model
 
 
 def _require_number(owner: str, field: str, value: Any, *, minimum: float, fix: str) -> None:
@@ -48,6 +49,8 @@ class ScalingConfig:
             failing. A request the cluster can never hold fails at once, without waiting.
         elastic_resize_monitor_interval_s: with elastic ``num_workers``, how often a
             run below ``max_workers`` checks whether the cluster has room for more.
+        accelerator_type: put the workers on nodes with this accelerator, e.g. ``"A100"`` or
+            ``"H100"`` (Ray's ``accelerator_type:<type>`` node resource, as in Ray Train).
 
     Example:
         >>> ScalingConfig(num_workers=2, use_gpu=False)
@@ -60,6 +63,7 @@ class ScalingConfig:
     placement_strategy: str = "PACK"
     placement_timeout_s: float = 120.0
     elastic_resize_monitor_interval_s: float = 60.0
+    accelerator_type: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.num_workers, list):
@@ -113,6 +117,10 @@ class ScalingConfig:
             )
         _require_number("ScalingConfig", "placement_timeout_s", self.placement_timeout_s, minimum=0.1,
                         fix="use a positive number of seconds, e.g. 120.")
+        if self.accelerator_type is not None and (not isinstance(self.accelerator_type, str)
+                                                  or not self.accelerator_type.strip()):
+            raise TypeError(f"ScalingConfig.accelerator_type must be an accelerator's name such as 'A100' or 'H100', "
+                            f"got {self.accelerator_type!r}.")
 
     @property
     def elasticity_enabled(self) -> bool:
@@ -136,6 +144,9 @@ class ScalingConfig:
         resources.setdefault("CPU", 1)
         if self.use_gpu:
             resources.setdefault("GPU", 1)
+        if self.accelerator_type:
+            # A sliver of the resource Ray gives each node with that accelerator (Ray Train asks the same).
+            resources.setdefault(ACCELERATOR_RESOURCE_PREFIX + self.accelerator_type, 0.001)
         return {k: float(v) for k, v in resources.items() if v}
 
     @property

@@ -61,6 +61,7 @@ def noop_train_func():
     ({"resources_per_worker": {"CPU": 64}}, "CPU: 64"),
     ({"num_workers": 40}, "can hold at most"),
     ({"resources_per_worker": {"CPU": 1, "TPU": 1}}, "TPU"),
+    ({"use_gpu": False, "accelerator_type": "A100"}, "accelerator_type: A100"),
 ])
 def test_unsatisfiable_resources_fail_within_seconds(ray_session, storage_path, scaling, expected):
     start = time.monotonic()

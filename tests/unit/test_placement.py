@@ -65,3 +65,20 @@ def test_resource_check_rejects_what_never_fits(scaling, nodes, words):
         check_resources(scaling, nodes)
     for word in words:
         assert word in str(info.value)
+
+
+def test_accelerator_type_asks_for_rays_accelerator_resource_and_only_its_nodes_fit():
+    scaling = trainlib.ScalingConfig(num_workers=2, use_gpu=True, accelerator_type="A100")
+    assert scaling.worker_resources == {"CPU": 1.0, "GPU": 1.0, "accelerator_type:A100": 0.001}
+    a100 = _node(8, gpu=2)
+    a100["Resources"]["accelerator_type:A100"] = 1.0
+    check_resources(scaling, [a100])
+    h100 = _node(8, gpu=8)
+    h100["Resources"]["accelerator_type:H100"] = 1.0
+    with pytest.raises(trainlib.ResourcesUnavailableError) as info:
+        check_resources(scaling, [h100])
+    message = str(info.value)
+    assert "{CPU: 1, GPU: 1, accelerator_type: A100}" in message  # what each worker asks for
+    assert "accelerator_type: H100" in message and "drop accelerator_type='A100'" in message
+    with pytest.raises(TypeError, match="accelerator_type must be an accelerator's name"):
+        trainlib.ScalingConfig(accelerator_type="")

@@ -7,15 +7,19 @@ import math
 from typing import Any
 
 from trainlib._internal.execution.spec import Placement, WorkerInfo
-from trainlib.config import ScalingConfig
+from trainlib.config import ACCELERATOR_RESOURCE_PREFIX, ScalingConfig
 from trainlib.errors import ResourcesUnavailableError
 
 
 def format_resources(resources: dict[str, float]) -> str:
+    """Resources as people read them: Ray's bookkeeping left out, an accelerator as ``accelerator_type: A100``."""
     shown = {k: (int(v) if float(v).is_integer() else round(v, 2)) for k, v in sorted(resources.items())
-             if k in ("CPU", "GPU", "memory") or not k.startswith(("node:", "accelerator_type", "object_store"))}
-    shown.pop("memory", None)
-    return "{" + ", ".join(f"{k}: {v}" for k, v in shown.items()) + "}"
+             if k in ("CPU", "GPU") or not k.startswith(("node:", ACCELERATOR_RESOURCE_PREFIX, "object_store", "memory"))}
+    accelerators = sorted(k[len(ACCELERATOR_RESOURCE_PREFIX):] for k, v in resources.items()
+                          if k.startswith(ACCELERATOR_RESOURCE_PREFIX) and v)
+    parts = [f"{k}: {v}" for k, v in shown.items()] + ([f"accelerator_type: {', '.join(accelerators)}"]
+                                                       if accelerators else [])
+    return "{" + ", ".join(parts) + "}"
 
 
 def workers_that_fit(scaling: ScalingConfig, resources_by_node: list[dict[str, float]]) -> int:
@@ -53,6 +57,8 @@ def check_resources(scaling: ScalingConfig, nodes: list[dict[str, Any]]) -> None
                     set().union(*(n.get("Resources", {}) for n in alive)) | set(per_worker)})
     fix = ("lower ScalingConfig.num_workers or resources_per_worker"
            + (", or set use_gpu=False" if scaling.use_gpu else "")
+           + (f", or drop accelerator_type={scaling.accelerator_type!r} (or name one the cluster has)"
+              if scaling.accelerator_type else "")
            + ", or connect to a bigger Ray cluster (ray.init(address=...) / RAY_ADDRESS)")
     if not any(workers_that_fit(scaling, [n.get("Resources", {})]) for n in alive):
         raise ResourcesUnavailableError(
