@@ -32,7 +32,9 @@ class ScalingConfig:
     """How many workers to run and what each one holds.
 
     Args:
-        num_workers: number of training workers (one process each, one rank each),
+        num_workers: number of training workers (one process each, one rank each); ``0`` is
+            Ray Train's local mode: the function runs in the calling process, without Ray, as
+            rank 0 of 1, its reports committed to the run folder as usual, failures not retried;
             or a ``(min_workers, max_workers)`` tuple for elastic training: the
             group starts with as many workers as the cluster can hold now (at
             least ``min_workers``), restarts from the latest checkpoint with fewer
@@ -74,16 +76,11 @@ class ScalingConfig:
                 f"ScalingConfig.num_workers must be an int or a (min_workers, max_workers) tuple of ints, got "
                 f"{self.num_workers!r}: e.g. ScalingConfig(num_workers=2) or ScalingConfig(num_workers=(1, 4))."
             )
-        if counts == (0,):
+        # 0 alone is local mode (local_mode.py): the function runs in the calling process, without Ray.
+        if counts != (0,) and min(counts) < 1:
             raise ValueError(
-                "ScalingConfig.num_workers=0 is Ray Train's local mode (the function runs in the driver), which "
-                "trainlib does not have: use num_workers=1, one worker process (report(), get_context() and "
-                "checkpoints work as with more)."
-            )
-        if min(counts) < 1:
-            raise ValueError(
-                f"ScalingConfig.num_workers={self.num_workers} is invalid: at least 1 worker is "
-                "needed, e.g. ScalingConfig(num_workers=2)."
+                f"ScalingConfig.num_workers={self.num_workers} is invalid: at least 1 worker is needed, e.g. "
+                "ScalingConfig(num_workers=2), or num_workers=0 to run the function in this process (local mode)."
             )
         if len(counts) == 2 and counts[0] > counts[1]:
             raise ValueError(
@@ -121,6 +118,11 @@ class ScalingConfig:
                                                   or not self.accelerator_type.strip()):
             raise TypeError(f"ScalingConfig.accelerator_type must be an accelerator's name such as 'A100' or 'H100', "
                             f"got {self.accelerator_type!r}.")
+
+    @property
+    def local_mode(self) -> bool:
+        """Whether the function runs in the calling process (``num_workers=0``, Ray Train's local mode)."""
+        return self.num_workers == 0
 
     @property
     def elasticity_enabled(self) -> bool:

@@ -95,7 +95,7 @@ def test_resources_held_by_others_time_out_with_what_is_free(ray_session, storag
 
 
 @pytest.mark.parametrize("make, field", [
-    (lambda: trainlib.ScalingConfig(num_workers=0), "local mode"),
+    (lambda: trainlib.ScalingConfig(num_workers=(0, 2)), "num_workers=0 to run the function in this process"),
     (lambda: trainlib.ScalingConfig(num_workers=-3), "num_workers"),
     (lambda: trainlib.ScalingConfig(num_workers="2"), "num_workers"),
     (lambda: trainlib.ScalingConfig(resources_per_worker={"CPU": -1}), "resources_per_worker"),

@@ -73,6 +73,7 @@ class WorkerSession:
         self.outbox = outbox
         self._uploads: queue.Queue = queue.Queue(maxsize=tunables.MAX_PENDING_UPLOADS_PER_WORKER)
         self._in_report = False  # the training thread is inside report()
+        self.abort: BaseException | None = None  # local mode: the controller failed; the next report() raises it
         self._dir_names: set[str] = set()  # the checkpoint_dir_names this rank copied into
         # Only remote storage stages checkpoints (report() copies straight into local storage): a folder made for
         # nothing would outlive a killed worker, and the driver recovers staged files for remote storage only.
@@ -87,6 +88,8 @@ class WorkerSession:
                ) -> None:
         # A flush after another rank failed waits for a report() under way too (copying its checkpoint): every
         # rank may have made that report by the time it is queued, and the driver commits it then.
+        if self.abort is not None:
+            raise self.abort
         self._in_report = True
         try:
             self._report(metrics, checkpoint, options)
@@ -190,6 +193,8 @@ class WorkerSession:
         self.wait_uploads(timeout_s if timeout_s is not None else float("inf"))
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else float("inf"))
         while True:
+            if self.abort is not None:
+                raise self.abort
             steps = {row["step"] for row in self.storage.read_metrics_log()}
             if all(step in steps for step in range(self.first_step, self.next_step)):
                 return

@@ -57,6 +57,14 @@ class TrainFunction:
         func, config, _ = cloudpickle.loads(self.payload)
         return func, config
 
+    @staticmethod
+    def in_process(func: Callable, config: dict | None) -> Callable[[], Any]:
+        """``func`` itself (no pickling), ready to call with no arguments as ``load`` would give it (local mode)."""
+        if _check_signature(func, config):
+            call_config = config if config is not None else {}
+            return lambda: func(call_config)
+        return func
+
     def load(self) -> Callable[[], Any]:
         """In a worker: the function ready to call with no arguments."""
         extend_sys_path(self.driver_sys_path)

@@ -6,6 +6,7 @@ worker backend.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
@@ -14,10 +15,12 @@ from typing import Any, Callable
 
 from trainlib._internal.execution.controller import Controller
 from trainlib._internal.execution.embedded_ray import WORKER_MODULE, ensure_ray, note_fit_ended
+from trainlib._internal.execution.local_mode import LocalWorkerGroup, check_not_under_torchrun, run_in_this_process
 from trainlib._internal.execution.monitor import ScalingPolicy
 from trainlib._internal.execution.placement import available_workers
 from trainlib._internal.execution.run import (
     TRAINER_FILE,
+    OpenedRun,
     close_run,
     load_trainer_extras,
     load_trainer_file,
@@ -38,7 +41,7 @@ from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from trainlib.data import DataConfig, check_datasets
-from trainlib.errors import ControllerError, StorageError, TrainlibError
+from trainlib.errors import ControllerError, StorageError, TrainlibError, WorkerGroupError
 from trainlib.result import Result
 
 logger = logging.getLogger("trainlib")
@@ -113,6 +116,8 @@ class DataParallelTrainer:
                 or (``RunInUseError``) another driver is training it now.
         """
         rc = self.run_config
+        if self.scaling_config.local_mode:
+            check_not_under_torchrun()
         if rc.verbose:
             _log_to_console()
         storage = run_storage(rc, rc.name or default_run_name(type(self).__name__))
@@ -132,8 +137,6 @@ class DataParallelTrainer:
             lease.release()
 
     def _fit(self, storage: RunStorage, lease: RunLease) -> Result:
-        import ray
-
         rc = self.run_config
         run = open_run(rc, storage.name, restoring=self._restoring, train_fn=self._train_fn,
                        train_loop_config=self.train_loop_config, scaling_config=self.scaling_config, storage=storage,
@@ -142,13 +145,17 @@ class DataParallelTrainer:
         start_from = storage.uri(run.committed[-1].path) if run.committed else (
             self.resume_from_checkpoint.uri if self.resume_from_checkpoint else None)
         run_info = RunInfo(
-            name=storage.name, path=storage.uri(), world_size=self.scaling_config.max_workers,
+            name=storage.name, path=storage.uri(), world_size=max(1, self.scaling_config.max_workers),
             use_gpu=self.scaling_config.use_gpu, train_loop_config=self.train_loop_config,
             scaling_config=run.record.scaling_config, resumed_from=start_from, record=run.record,
             earlier_reports=tuple(ReportRecord(step=row["step"], metrics=row["metrics"], checkpoint=None,
                                                attempt=row.get("attempt", 0), reported_at=row.get("time", 0.0))
                                   for row in run.metrics_rows),
         )
+        if self.scaling_config.local_mode:
+            return self._fit_local(run, run_info, lease)
+        import ray
+
         policy = ScalingPolicy(self.scaling_config, available_workers)
         data = GroupData(metadata=self.metadata, datasets=self.datasets, data_config=self.dataset_config)
         # Put once per run: every worker of every attempt reads this copy.
@@ -192,6 +199,43 @@ class DataParallelTrainer:
             raise
         finally:
             note_fit_ended()
+        return close_run(run, rc, run_info, controller, None)
+
+    def _fit_local(self, run: OpenedRun, run_info: RunInfo, lease: RunLease) -> Result:
+        """Local mode (``num_workers=0``): the function runs here, the controller commits its reports (local_mode.py)."""
+        rc = self.run_config
+        if rc.failure_config.max_failures != 0:
+            logger.warning("ScalingConfig(num_workers=0) runs the function once, in this process, as Ray Train's local "
+                           "mode does: FailureConfig(max_failures=%d) has no effect. Use num_workers >= 1 for "
+                           "restarts.", rc.failure_config.max_failures)
+        group = LocalWorkerGroup()
+        start_run(run, run_info, rc.callbacks)
+        controller = Controller(
+            storage=run.storage, make_worker_group=lambda: group, checkpoint_config=rc.checkpoint_config,
+            failure_config=dataclasses.replace(rc.failure_config, max_failures=0, max_preemption_failures=0),
+            callbacks=rc.callbacks, run_info=run_info, start_checkpoint=self.resume_from_checkpoint,
+            metrics_rows=run.metrics_rows, committed=run.committed, verbose=rc.verbose, metadata=self.metadata,
+            lease=lease,
+        )
+        # One rank reads each dataset whole (Ray Data starts Ray on first use, as it does in Ray Train's local mode).
+        shards = {name: (ds() if callable(ds) and not hasattr(ds, "streaming_split") else ds).iterator()
+                  for name, ds in (self.datasets or {}).items()}
+        func = TrainFunction.in_process(self.train_loop_per_worker, self.train_loop_config)
+        try:
+            value, error, controller_error = run_in_this_process(
+                group, controller.run, func, self.backend, self.scaling_config.use_gpu, self.metadata, shards or None)
+        except BaseException as exc:  # Ctrl-C while the last reports were committed
+            close_run(run, rc, run_info, controller, exc)
+            raise
+        if error is not None and error is not controller_error and (
+                controller_error is None or isinstance(controller_error, WorkerGroupError)):
+            close_run(run, rc, run_info, controller, error)
+            raise error  # as the function raised it, as Ray Train's local mode does
+        if controller_error is not None:
+            failure = controller_error if isinstance(controller_error, TrainlibError) else ControllerError(controller_error)
+            close_run(run, rc, run_info, controller, failure)
+            raise failure from (None if failure is controller_error else controller_error)
+        controller.return_value = value
         return close_run(run, rc, run_info, controller, None)
 
     @staticmethod

@@ -1,0 +1,145 @@
+"""Ray Train's local mode, ``ScalingConfig(num_workers=0)``: the training function runs in this process. Driver only.
+
+No Ray starts and no worker process: the function runs in the calling thread (so ``breakpoint()``,
+Ctrl-C, profilers and the debugger behave as in a plain script), as rank 0 of 1, with the same
+``report``/``get_context``/``get_checkpoint`` as on a worker. Unlike Ray Train's local mode, which only
+remembers the last report, its reports are committed to the run folder by the usual controller, in a
+helper thread, through a one-rank worker group (:class:`LocalWorkerGroup`): checkpoints, retention,
+the metrics log, callbacks (MLflow), ``Result.from_path`` and resuming work as for a distributed run.
+A failure is not retried (as in Ray Train's local mode) and is raised as it was raised, after the run
+is recorded as failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+from typing import Any, Callable
+
+from trainlib._internal.execution.messages import WorkerMessage
+from trainlib._internal.execution.session import WorkerSession, set_session
+from trainlib._internal.execution.spec import AttemptSpec, Placement, WorkerInfo
+
+logger = logging.getLogger("trainlib")
+
+LOCAL_NODE_ID = "local"
+_TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def check_not_under_torchrun() -> None:
+    """Ray Train's local mode under ``torchrun`` (several processes) is not built: say so before anything runs."""
+    if all(v in os.environ for v in _TORCHRUN_VARIABLES) and os.environ["WORLD_SIZE"] not in ("", "1"):
+        raise ValueError(
+            f"ScalingConfig(num_workers=0) runs the training function in this one process, but this process was "
+            f"started by torchrun as rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}: Ray Train's "
+            "multi-process local mode is not built in trainlib. Run the script with plain `python` and "
+            f"ScalingConfig(num_workers={os.environ['WORLD_SIZE']}), which starts the processes itself."
+        )
+
+
+class LocalWorkerGroup:
+    """The one rank of a local-mode run as the controller sees a worker group (``controller.WorkerGroup``).
+
+    Its messages come from the session of the function that the calling thread runs: ``start`` hands
+    the attempt to that thread (``next_attempt``) instead of starting a process.
+    """
+
+    plan = None  # one rank on this node: no rank layout
+
+    def __init__(self) -> None:
+        self.outbox: queue.Queue[WorkerMessage] = queue.Queue()
+        self.session: WorkerSession | None = None  # set once the function runs
+        self._attempts: queue.Queue[AttemptSpec | None] = queue.Queue()
+
+    # -- the controller's side ---------------------------------------------------
+
+    def start_actors(self) -> None:
+        pass
+
+    def placements(self) -> list[Placement]:
+        return [Placement(node_id=LOCAL_NODE_ID, node_ip="127.0.0.1", hostname=socket.gethostname(), pid=os.getpid())]
+
+    def start(self, attempt: AttemptSpec) -> None:
+        self._attempts.put(attempt)
+
+    def wait(self, timeout: float | None = None) -> list[WorkerMessage]:
+        try:
+            first = self.outbox.get(timeout=timeout)
+        except queue.Empty:
+            return []
+        return self._drain([first])
+
+    def flush(self, timeout: float) -> list[WorkerMessage]:
+        if self.session is not None:
+            self.session.wait_uploads(timeout)
+        return self._drain([])
+
+    def shutdown(self) -> None:
+        pass
+
+    def _drain(self, messages: list[WorkerMessage]) -> list[WorkerMessage]:
+        while True:
+            try:
+                messages.append(self.outbox.get_nowait())
+            except queue.Empty:
+                return messages
+
+    # -- the training thread's side ----------------------------------------------
+
+    def controller_ended(self) -> None:
+        """The controller stopped (finished or failed): a ``next_attempt`` still waiting gets None."""
+        self._attempts.put(None)
+
+    def next_attempt(self) -> AttemptSpec | None:
+        """The attempt the controller started, or None when it stopped before starting one."""
+        return self._attempts.get()
+
+
+def run_in_this_process(group: LocalWorkerGroup, run_controller: Callable[[], None], func: Callable[[], Any],
+                        backend: Any, use_gpu: bool, metadata: dict[str, Any] | None,
+                        dataset_shards: dict[str, Any] | None) -> tuple[Any, BaseException | None, BaseException | None]:
+    """Run the controller in a helper thread and ``func`` here, as rank 0 of 1.
+
+    Returns ``(return value, the function's exception, the controller's exception)``. The function's own
+    exception, KeyboardInterrupt included, ends its session as a worker failure would; a controller that
+    fails (storage, a lost lease) stops the function at its next ``report()``.
+    """
+    controller_error: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            run_controller()
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            controller_error.append(exc)
+            if group.session is not None:
+                group.session.abort = exc
+        finally:
+            group.controller_ended()
+
+    thread = threading.Thread(target=drive, name="trainlib-controller", daemon=True)
+    thread.start()
+    attempt = group.next_attempt()
+    if attempt is None:  # the controller failed before the attempt (e.g. storage): nothing ran
+        thread.join()
+        return None, None, controller_error[0] if controller_error else None
+    info = WorkerInfo(world_rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
+                      gpu_index=0 if use_gpu else None)
+    session = WorkerSession(info, attempt, group.outbox, metadata=metadata, dataset_shards=dataset_shards)
+    group.session = session
+    set_session(session)
+    value, error = None, None
+    try:
+        session.device = backend.on_start(info)
+        value = func()
+    except BaseException as exc:  # noqa: BLE001 - raised again by the caller once the run is recorded
+        error = exc
+        session.finish(exc)
+    else:
+        session.finish()  # the value stays here: nothing to pickle
+    finally:
+        set_session(None)
+    thread.join()
+    return value, error, controller_error[0] if controller_error else None
