@@ -267,6 +267,10 @@ class RunConfig:
             committed checkpoint and refuses a finished one; ``"overwrite"``
             deletes the old run first; ``"error"`` refuses any existing run.
         verbose: print a line per report and per restart on the driver.
+        worker_runtime_env: a Ray runtime environment for the worker actors, as in Ray Train
+            (e.g. ``{"env_vars": {"NCCL_DEBUG": "INFO"}, "pip": [...]}``), on top of the
+            one given to ``ray.init``. Its ``env_vars`` win over trainlib's own (``OMP_NUM_THREADS``).
+            Never logged or written to storage.
 
     Example:
         >>> RunConfig(name="fashion", storage_path="s3://bucket/runs")
@@ -281,6 +285,7 @@ class RunConfig:
     callbacks: list[Any] | None = None
     if_exists: Literal["resume", "overwrite", "error"] = "resume"
     verbose: bool = True
+    worker_runtime_env: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.name is not None and (not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name)):
@@ -300,6 +305,15 @@ class RunConfig:
             )
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
             raise TypeError("RunConfig.storage_options must be a dict of fsspec filesystem options.")
+        if self.worker_runtime_env is not None:
+            if not isinstance(self.worker_runtime_env, dict):  # ray.runtime_env.RuntimeEnv is a dict
+                raise TypeError(f"RunConfig.worker_runtime_env must be a dict (or ray.runtime_env.RuntimeEnv) such "
+                                f"as {{'env_vars': {{'NAME': 'value'}}}}, got {type(self.worker_runtime_env).__name__}.")
+            env_vars = self.worker_runtime_env.get("env_vars") or {}
+            if not isinstance(env_vars, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                         for k, v in env_vars.items()):
+                raise TypeError("RunConfig.worker_runtime_env['env_vars'] must map names to strings, e.g. "
+                                "{'env_vars': {'OMP_NUM_THREADS': '2'}}: write numbers as strings.")
         self.checkpoint_config = self.checkpoint_config or CheckpointConfig()
         self.failure_config = self.failure_config or FailureConfig()
         if not isinstance(self.checkpoint_config, CheckpointConfig):

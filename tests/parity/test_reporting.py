@@ -306,3 +306,31 @@ def test_an_unpicklable_return_value_is_named_in_the_warning(caplog):
         assert _pickled_return_value(threading.Lock()) is None
     assert "returned a lock, which cannot be pickled" in caplog.text and "state_dict()" in caplog.text
     assert _pickled_return_value(None) is None and _pickled_return_value(3) is not None
+
+
+# -- RunConfig.worker_runtime_env -------------------------------------------------------
+
+
+def runtime_env_train_func():
+    import torch
+
+    trainlib.report({"probe_seen": os.environ.get("TRAINLIB_PROBE") == "s3cr3t-value",
+                     "omp": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads()})
+
+
+def test_worker_runtime_env_reaches_the_workers_its_variables_win_and_it_is_never_stored(ray_session, storage_path):
+    from trainlib.torch import TorchTrainer
+
+    env = {"env_vars": {"TRAINLIB_PROBE": "s3cr3t-value", "OMP_NUM_THREADS": "3"}}
+    run_config = trainlib.RunConfig(name="runtime-env", storage_path=storage_path, verbose=False,
+                                    worker_runtime_env=env)
+    assert "s3cr3t" not in repr(run_config)
+    result = _trainer(runtime_env_train_func, storage_path, trainer_class=TorchTrainer, run_config=run_config).fit()
+    # OMP_NUM_THREADS would be 1 (one CPU per worker) without it: the user's value wins, torch's threads too.
+    assert result.metrics == {"probe_seen": True, "omp": "3", "torch_threads": 3}
+    for folder, _, files in os.walk(result.path):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                assert b"s3cr3t" not in f.read(), name
+    with pytest.raises(TypeError, match="write numbers as strings"):
+        trainlib.RunConfig(worker_runtime_env={"env_vars": {"OMP_NUM_THREADS": 3}})

@@ -25,8 +25,9 @@ class TorchBackend(WorkerBackend):
     def on_actor_start(self, num_cpus: float) -> None:
         import torch  # the expensive import happens while the driver is still preparing
 
-        # As torchrun: one intra-op thread per CPU the worker holds, so workers don't oversubscribe.
-        torch.set_num_threads(max(1, int(num_cpus)))
+        # As torchrun: one intra-op thread per CPU the worker holds, so workers don't oversubscribe; or as many as
+        # the user's worker_runtime_env sets in OMP_NUM_THREADS (trainlib sets it to that count otherwise).
+        torch.set_num_threads(_threads(os.environ.get("OMP_NUM_THREADS"), max(1, int(num_cpus))))
         # Unlike torchrun: a step's tensors are not handed back to the kernel and faulted in again each step.
         keep_step_allocations()
 
@@ -51,6 +52,13 @@ class TorchBackend(WorkerBackend):
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _threads(omp_num_threads: str | None, default: int) -> int:
+    try:
+        return max(1, int(omp_num_threads)) if omp_num_threads else default
+    except ValueError:
+        return default
 
 
 def process_group_args(config: TorchConfig, info: WorkerInfo, device: Any) -> dict[str, Any]:

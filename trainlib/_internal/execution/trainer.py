@@ -163,7 +163,7 @@ class DataParallelTrainer:
 
         def new_group() -> RayWorkerGroup:
             return RayWorkerGroup(self.scaling_config, self.backend, train_fn_ref, policy.num_workers(), data,
-                                  self._train_fn)
+                                  self._train_fn, runtime_env=rc.worker_runtime_env)
 
         # Ray already up (a cluster, the pipeline's task runner, an earlier fit()): the first attempt's workers
         # start, and import their framework, while the callbacks' before_run runs (MLflow's: 1-3 s).
@@ -254,12 +254,13 @@ class DataParallelTrainer:
     def restore(cls, path: str | os.PathLike, *, train_loop_per_worker: Callable | None = None,
                 train_loop_config: dict | None = None, scaling_config: ScalingConfig | None = None,
                 datasets: dict[str, Any] | None = None, storage_filesystem: Any = None,
-                storage_options: dict | None = None, callbacks: list[Callback] | None = None) -> "DataParallelTrainer":
+                storage_options: dict | None = None, callbacks: list[Callback] | None = None,
+                worker_runtime_env: dict | None = None) -> "DataParallelTrainer":
         """A trainer that continues the run at ``path`` from its latest committed checkpoint.
 
         The training function, config, scaling, dataset config and metadata come
-        from the run folder unless given here. Datasets are not stored: pass the
-        run's ``datasets`` again (as Ray Train requires). Works for unfinished,
+        from the run folder unless given here. Datasets and ``worker_runtime_env``
+        (it may hold secrets) are not stored: pass them again. Works for unfinished,
         failed and finished runs.
         """
         storage = RunStorage.open_existing(path, storage_filesystem, storage_options,
@@ -271,6 +272,7 @@ class DataParallelTrainer:
             storage_filesystem=storage_filesystem, storage_options=storage_options, callbacks=callbacks,
             checkpoint_config=CheckpointConfig(**record.checkpoint_config),
             failure_config=FailureConfig(**record.failure_config), if_exists="resume",
+            worker_runtime_env=worker_runtime_env,
         )
         extras = load_trainer_extras(storage)
         missing = sorted(set(extras.get("dataset_names") or []) - set(datasets or {}))

@@ -39,13 +39,15 @@ class RayWorkerGroup:
     """The actors of one attempt. ``start_actors`` -> ``placements`` -> ``start`` -> ``wait`` ... -> ``shutdown``."""
 
     def __init__(self, scaling: ScalingConfig, backend: WorkerBackend, train_fn: Any, num_workers: int | None = None,
-                 data: GroupData | None = None, bound: TrainFunction | None = None):
+                 data: GroupData | None = None, bound: TrainFunction | None = None,
+                 runtime_env: dict[str, Any] | None = None):
         self.scaling = scaling
         self.backend = backend
         self.train_fn = train_fn  # a Ray reference to the TrainFunction, put once per run by the trainer
         self.num_workers = num_workers or scaling.max_workers  # this attempt's size (elastic runs choose it)
         self.data = data or GroupData()
         self.bound = bound  # that TrainFunction itself: which user modules to probe the nodes for
+        self.runtime_env = runtime_env  # RunConfig.worker_runtime_env
         self._pg = None
         self._actors: list[Any] = []  # by rank once started
         self._pending: dict[Any, int] = {}  # outstanding next_messages ref -> rank
@@ -69,11 +71,16 @@ class RayWorkerGroup:
         custom = {k: v for k, v in self.scaling.worker_resources.items() if k not in ("CPU", "GPU")}
         actor_cls = ray.remote(TrainWorker)
         threads = str(max(1, int(cpus)))
+        # The user's runtime env variables win: Ray sets them as the process starts, before these.
+        user_env = (self.runtime_env or {}).get("env_vars") or {}
+        env = {k: v for k, v in {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}.items() if k not in user_env}
+        options = {"runtime_env": self.runtime_env} if self.runtime_env else {}
         self._actors = [
             actor_cls.options(
                 num_cpus=cpus, num_gpus=gpus, resources=custom, max_concurrency=4,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
-            ).remote(self.backend, cpus, {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
+                **options,
+            ).remote(self.backend, cpus, env)
             for i in range(self.num_workers)
         ]
 
