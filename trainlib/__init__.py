@@ -19,7 +19,7 @@ from trainlib.context import (
     get_preemption_info,
     report,
 )
-from trainlib.data import DataConfig
+from trainlib.data import TRAIN_DATASET_KEY, DataConfig
 from trainlib.errors import (
     ControllerError,
     ResourcesUnavailableError,
@@ -62,6 +62,7 @@ __all__ = [
     "RunInfo",
     "ScalingConfig",
     "StorageError",
+    "TRAIN_DATASET_KEY",
     "TrainContext",
     "TrainingFailedError",
     "TrainlibError",
@@ -74,3 +75,10 @@ __all__ = [
     "get_preemption_info",
     "report",
 ]
+
+
+def __getattr__(name: str):
+    # A Ray Train name that trainlib does not have: an ImportError saying what to use instead.
+    from trainlib._internal.not_built import not_built
+
+    raise not_built(__name__, name)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any, Literal
 
+TRAIN_DATASET_KEY = "train"  # Ray Train's conventional name of the training dataset
+
 if TYPE_CHECKING:
     from ray.data import DataIterator, Dataset, ExecutionOptions
 

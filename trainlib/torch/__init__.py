@@ -23,3 +23,10 @@ __all__ = [
     "prepare_model",
     "prepare_optimizer",
 ]
+
+
+def __getattr__(name: str):
+    # A Ray Train name that trainlib does not have: an ImportError saying what to use instead.
+    from trainlib._internal.not_built import not_built
+
+    raise not_built(__name__, name)
