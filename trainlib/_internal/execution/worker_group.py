@@ -120,7 +120,10 @@ class RayWorkerGroup:
         by_index = list(self._actors)
         rank0 = plan_ranks(placements, 0).order[0]
         # Opened on rank 0's node before any rank starts, so no rank connects to it early and backs off.
-        master_port = ray.get(by_index[rank0].open_rendezvous.remote(len(by_index)))
+        try:
+            master_port = ray.get(by_index[rank0].open_rendezvous.remote(len(by_index)))
+        except RayActorError as exc:  # a failure of the attempt (restarted per FailureConfig), not of the run
+            raise WorkerError(rank=0, cause=f"while the group was starting, {self._death_cause(rank0, exc)}") from None
         plan = plan_ranks(placements, master_port)
         self._actors = [by_index[i] for i in plan.order]
         self._placements = [placements[i] for i in plan.order]
@@ -135,10 +138,14 @@ class RayWorkerGroup:
                                            dataset_shards=shards[rank]))
             for rank, actor in enumerate(self._actors)
         ]
-        try:
-            ray.get(refs)
-        except RayActorError as exc:
-            raise self._start_failure(refs, exc) from None
+        # Every rank's start is awaited, but a death here is not the attempt's end: a rank may start, report and
+        # die before its start reply comes back. wait() takes its death like any rank's, after recovering the
+        # reports it staged and the other ranks' (raising here lost them: seen on a loaded machine).
+        for ref in refs:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                pass  # dead: wait() reports it
         self._pending = {actor.next_messages.remote(): rank for rank, actor in enumerate(self._actors)}
         return plan
 
