@@ -5,8 +5,9 @@
 
 Runs on the machine that calls it (the driver of nothing: every job is a fresh
 subprocess). Each variant trains the tutorial's ResNet18 on the real FashionMNIST
-for ``--steps`` optimizer steps per worker, with 2 workers (plain PyTorch: one
-process), and saves rank 0's state_dict once at the end through the framework's own
+for ``--steps`` optimizer steps per worker, with 2 workers (plain PyTorch and the
+local modes, ``--variants trainlib_local,raytrain_local``: one process, one torch
+thread), and saves rank 0's state_dict once at the end through the framework's own
 mechanism. Variants are interleaved, ``--repeats`` times each, in a rotated order.
 
 For every run, measured from this process:
@@ -53,8 +54,11 @@ VARIANTS = {
     "raytrain": "Ray Train TorchTrainer",
     "torchrun": "torchrun + DDP by hand",
     "plain": "plain PyTorch, 1 process",
+    "trainlib_local": "trainlib local mode (num_workers=0), 1 process",
+    "raytrain_local": "Ray Train local mode (num_workers=0), 1 process",
     "trainlib_base": "trainlib from --baseline (the code before a change), same job",
 }
+DEFAULT_VARIANTS = ("trainlib", "raytrain", "torchrun", "plain")  # the targets' table; the local modes on request
 # Issue 14's targets, on the 40-step tutorial job with 2 workers.
 TARGET_WALL_RATIO = 0.5          # trainlib wall / Ray Train wall, at most
 TARGET_THROUGHPUT_RATIO = 1.0    # trainlib steady steps/s / torchrun's, at least
@@ -68,8 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each variant; medians are reported (default 3)")
     parser.add_argument("--warmup-steps", type=int, default=5,
                         help="steps left out of the steady-state throughput (default 5)")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"comma-separated subset of {','.join(VARIANTS)} (default all)")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help=f"comma-separated subset of {','.join(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)}; "
+                             "trainlib_base comes with --baseline)")
     parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "datasets", "fashion-mnist"),
                         help="folder with FashionMNIST's four .gz files (default ../shared/datasets/fashion-mnist)")
     parser.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"),
@@ -203,7 +208,8 @@ class TreeSampler(threading.Thread):
 
 
 # Processes that run the training steps; every other process of a job's tree is overhead.
-TRAINING_PROCESSES = ("ray::TrainWorker", "ray::RayTrainWorker", "torchrun_job.py", "plain_job.py")
+TRAINING_PROCESSES = ("ray::TrainWorker", "ray::RayTrainWorker", "torchrun_job.py", "plain_job.py",
+                      "trainlib_local_job.py", "raytrain_local_job.py")
 
 
 def process_label(proc: psutil.Process) -> str | None:

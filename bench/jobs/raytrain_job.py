@@ -36,7 +36,8 @@ def train_func(config):
     metrics = {"loss": stamps["final_loss"], "steps": config["steps"]}
     if ctx.get_world_rank() == 0:
         with tempfile.TemporaryDirectory() as folder:
-            torch.save(model.module.state_dict(), os.path.join(folder, "model.pt"))
+            # Local mode (num_workers=0) gives the model unwrapped.
+            torch.save(getattr(model, "module", model).state_dict(), os.path.join(folder, "model.pt"))
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
     else:
         ray.train.report(metrics)
@@ -54,22 +55,25 @@ def train_version() -> str:
     return "v2" if is_v2_enabled() else "v1"
 
 
-def main():
+def main(num_workers: int = 2):
     args = parse_job_args()
     t_fit = time.time()
     trainer = ray.train.torch.TorchTrainer(
         train_func,
         train_loop_config={"steps": args.steps, "data_root": args.data_root, "out": args.out},
-        scaling_config=ray.train.ScalingConfig(num_workers=2, use_gpu=False),
+        scaling_config=ray.train.ScalingConfig(num_workers=num_workers, use_gpu=False),
         run_config=ray.train.RunConfig(name="bench", storage_path=args.storage),
     )
     result = trainer.fit()
     t_fit_end = time.time()
-    with result.checkpoint.as_directory() as folder:
-        size = os.path.getsize(os.path.join(folder, "model.pt"))
+    try:
+        with result.checkpoint.as_directory() as folder:
+            size = os.path.getsize(os.path.join(folder, "model.pt"))
+    except OSError:  # local mode returns the folder the function reported: a TemporaryDirectory, gone by now
+        size = None
     write_json(os.path.join(args.out, "driver.json"), {
         "start": T_START, "imported": T_IMPORTED, "fit_start": t_fit, "fit_end": t_fit_end,
-        "checkpoint_bytes": size, "framework": f"Ray Train {train_version()} (ray {ray.__version__})"})
+        "checkpoint_bytes": size, "framework": f"Ray Train {train_version()} (ray {ray.__version__})" + (" local mode" if num_workers == 0 else "")})
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ def train_func(config):
     metrics = {"loss": stamps["final_loss"], "steps": config["steps"]}
     if ctx.get_world_rank() == 0:
         with tempfile.TemporaryDirectory() as folder:
-            torch.save(model.module.state_dict(), os.path.join(folder, "model.pt"))
+            # Local mode (num_workers=0) gives the model unwrapped.
+            torch.save(getattr(model, "module", model).state_dict(), os.path.join(folder, "model.pt"))
             trainlib.report(metrics, checkpoint=trainlib.Checkpoint.from_directory(folder))
     else:
         trainlib.report(metrics)
@@ -45,13 +46,13 @@ def train_func(config):
             "world_size": ctx.get_world_size(), **thread_info()})
 
 
-def main():
+def main(num_workers: int = 2):
     args = parse_job_args()
     t_fit = time.time()
     trainer = trainlib.torch.TorchTrainer(
         train_func,
         train_loop_config={"steps": args.steps, "data_root": args.data_root, "out": args.out},
-        scaling_config=trainlib.ScalingConfig(num_workers=2),
+        scaling_config=trainlib.ScalingConfig(num_workers=num_workers),
         run_config=trainlib.RunConfig(name="bench", storage_path=args.storage),
     )
     result = trainer.fit()
@@ -59,7 +60,7 @@ def main():
     checkpoint_file = os.path.join(result.checkpoint.path, "model.pt")
     write_json(os.path.join(args.out, "driver.json"), {
         "start": T_START, "imported": T_IMPORTED, "fit_start": t_fit, "fit_end": t_fit_end,
-        "checkpoint_bytes": os.path.getsize(checkpoint_file), "framework": f"trainlib {trainlib.__version__}"})
+        "checkpoint_bytes": os.path.getsize(checkpoint_file), "framework": f"trainlib {trainlib.__version__}" + (" local mode" if num_workers == 0 else "")})
 
 
 if __name__ == "__main__":

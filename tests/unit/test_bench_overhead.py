@@ -93,3 +93,10 @@ def test_bad_options_name_the_option(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--steps", "5", "--warmup-steps", "5"])
     assert "--warmup-steps" in capsys.readouterr().err
+
+
+def test_the_defaults_parse_to_the_targets_four_variants():
+    """`make bench` runs the script with no options: trainlib_base needs --baseline, so it is not a default."""
+    assert bench.parse_args(["--data", DATA]).variants == ["trainlib", "raytrain", "torchrun", "plain"]
+    with_base = bench.parse_args(["--data", DATA, "--baseline", REPO])
+    assert with_base.variants == ["trainlib", "raytrain", "torchrun", "plain", "trainlib_base"]
