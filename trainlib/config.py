@@ -53,6 +53,9 @@ class ScalingConfig:
             run below ``max_workers`` checks whether the cluster has room for more.
         accelerator_type: put the workers on nodes with this accelerator, e.g. ``"A100"`` or
             ``"H100"`` (Ray's ``accelerator_type:<type>`` node resource, as in Ray Train).
+        label_selector: put the workers on nodes with these Ray node labels, as in Ray Train: one
+            dict for every worker (``{"zone": "us-west-2a"}``; Ray's operators work: ``"!spot"``,
+            ``"in(a,b)"``), or a list of ``max_workers`` dicts, one per worker.
 
     Example:
         >>> ScalingConfig(num_workers=2, use_gpu=False)
@@ -66,6 +69,7 @@ class ScalingConfig:
     placement_timeout_s: float = 120.0
     elastic_resize_monitor_interval_s: float = 60.0
     accelerator_type: str | None = None
+    label_selector: dict[str, str] | list[dict[str, str]] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.num_workers, list):
@@ -118,6 +122,15 @@ class ScalingConfig:
                                                   or not self.accelerator_type.strip()):
             raise TypeError(f"ScalingConfig.accelerator_type must be an accelerator's name such as 'A100' or 'H100', "
                             f"got {self.accelerator_type!r}.")
+        if self.label_selector is not None:
+            selectors = self.label_selector if isinstance(self.label_selector, list) else [self.label_selector]
+            if not all(isinstance(s, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in s.items())
+                       for s in selectors):
+                raise TypeError(f"ScalingConfig.label_selector must be a dict of node label -> value strings, e.g. "
+                                f"{{'zone': 'us-west-2a'}}, or a list of them (one per worker), got {self.label_selector!r}.")
+            if isinstance(self.label_selector, list) and len(self.label_selector) != self.max_workers:
+                raise ValueError(f"ScalingConfig.label_selector is a list of {len(self.label_selector)} selectors for "
+                                 f"{self.max_workers} workers: give one per worker (max_workers), or one dict for all.")
 
     @property
     def local_mode(self) -> bool:
@@ -150,6 +163,14 @@ class ScalingConfig:
             # A sliver of the resource Ray gives each node with that accelerator (Ray Train asks the same).
             resources.setdefault(ACCELERATOR_RESOURCE_PREFIX + self.accelerator_type, 0.001)
         return {k: float(v) for k, v in resources.items() if v}
+
+    def label_selectors(self, num_workers: int) -> list[dict[str, str]] | None:
+        """Each worker's node-label selector in a group of ``num_workers`` (Ray's ``bundle_label_selector``)."""
+        if self.label_selector is None:
+            return None
+        if isinstance(self.label_selector, list):
+            return [dict(s) for s in self.label_selector[:num_workers]]
+        return [dict(self.label_selector) for _ in range(num_workers)]
 
     @property
     def total_resources(self) -> dict[str, float]:

@@ -34,3 +34,9 @@ def raise_deep_inside(message):
 
 def reporting_train_func(config):
     trainlib.report({"pid": os.getpid()})
+
+
+def label_train_func():
+    import ray
+
+    trainlib.report({"node": ray.get_runtime_context().get_node_id()})

@@ -12,7 +12,7 @@ import torch
 
 import trainlib
 import trainlib.torch as trainlib_torch
-from error_train_funcs import failing_train_func
+from error_train_funcs import failing_train_func, label_train_func
 from trainlib import DataParallelTrainer
 from trainlib.torch import TorchTrainer
 
@@ -203,7 +203,8 @@ def test_public_api_is_pinned():
         "Callback", "Checkpoint", "CheckpointConfig", "CheckpointConsistencyMode", "CheckpointUploadMode",
         "ControllerError", "DataConfig", "DataParallelTrainer", "FailureConfig", "PreemptionInfo", "ReportRecord",
         "ReportedCheckpoint", "ReportedCheckpointStatus", "ResourcesUnavailableError", "Result", "RunConfig",
-        "RunExistsError", "RunInfo", "ScalingConfig", "StorageError", "TrainContext", "TrainingFailedError",
+        "RunExistsError", "RunInfo", "ScalingConfig", "StorageError", "TRAIN_DATASET_KEY", "TrainContext",
+        "TrainingFailedError",
         "TrainlibError", "WorkerError", "WorkerGroupError", "get_all_reported_checkpoints", "get_checkpoint",
         "get_context", "get_dataset_shard", "get_preemption_info", "report",
     ])
@@ -220,3 +221,20 @@ def test_report_validation_says_trainlib_has_none():
         trainlib.report({"loss": 1.0}, validation=True)
     with pytest.raises(RuntimeError):  # the default is accepted: only "outside a worker" remains
         trainlib.report({"loss": 1.0}, validation=False)
+
+
+def test_label_selector_places_workers_by_node_label_and_a_missing_label_times_out_naming_it(ray_session,
+                                                                                             storage_path):
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    # Ray labels every node with its id: the selector matches this node, and the workers run there.
+    result = _trainer(label_train_func, storage_path, label_selector={"ray.io/node-id": node_id}).fit()
+    assert result.metrics["node"] == node_id
+    trainer = _trainer(label_train_func, storage_path, label_selector=[{"ray.io/node-id": "no-such-node"}] * 2,
+                       placement_timeout_s=2)
+    with pytest.raises(trainlib.ResourcesUnavailableError,
+                       match=r"label_selector=.*no-such-node.*the nodes. labels: \[{.ray.io/node-id.: "):
+        trainer.fit()
+    with pytest.raises(ValueError, match="list of 1 selectors for 2 workers"):
+        trainlib.ScalingConfig(num_workers=2, label_selector=[{"zone": "a"}])

@@ -162,3 +162,13 @@ def test_workers_holding_every_cpu_get_a_warning_that_ray_data_has_none(ray_sess
     assert result.error is None and result.metrics["rows"] == 20
     [warning] = [r.getMessage() for r in caplog.records if "Ray Data's read and map tasks" in r.getMessage()]
     assert "'train'" in warning and "resources_per_worker" in warning and "ray.init(num_cpus=" in warning
+
+
+def test_local_mode_reads_each_dataset_whole(ray_session, storage_path):
+    """ScalingConfig(num_workers=0): the one rank, in this process, reads the whole dataset (no split)."""
+    import ray
+
+    result = DataParallelTrainer(
+        count_rows_func, datasets={"train": ray.data.range(40)}, scaling_config=trainlib.ScalingConfig(num_workers=0),
+        run_config=trainlib.RunConfig(name="local-data", storage_path=storage_path, verbose=False)).fit()
+    assert result.error is None and result.metrics["rows"] == 40

@@ -65,7 +65,9 @@ class RayWorkerGroup:
             return
         check_resources(self.scaling, ray.nodes())
         bundles = [self.scaling.worker_resources for _ in range(self.num_workers)]
-        self._pg = placement_group(bundles, strategy=self.scaling.placement_strategy, name="trainlib-workers")
+        selectors = self.scaling.label_selectors(self.num_workers)
+        labels = {"bundle_label_selector": selectors} if selectors else {}
+        self._pg = placement_group(bundles, strategy=self.scaling.placement_strategy, name="trainlib-workers", **labels)
         cpus = self.scaling.worker_resources.get("CPU", 0)
         gpus = self.scaling.worker_resources.get("GPU", 0)
         custom = {k: v for k, v in self.scaling.worker_resources.items() if k not in ("CPU", "GPU")}
@@ -97,9 +99,16 @@ class RayWorkerGroup:
             raise ResourcesUnavailableError(
                 f"Timed out after {self.scaling.placement_timeout_s:.0f}s waiting for {self.num_workers} "
                 f"workers x {format_resources(self.scaling.worker_resources)}: the cluster has {total} in all but only "
-                f"{available} free; other tasks or actors hold the rest. Free them, lower the request, or raise "
-                "ScalingConfig.placement_timeout_s if the cluster is scaling up."
+                f"{available} free; other tasks or actors hold the rest{self._labels_text()}. Free them, lower the "
+                "request, or raise ScalingConfig.placement_timeout_s if the cluster is scaling up."
             )
+
+    def _labels_text(self) -> str:
+        if self.scaling.label_selector is None:
+            return ""
+        labels = [n.get("Labels") or {} for n in ray.nodes() if n.get("Alive", True)][:8]
+        return (f", or too few nodes have the labels that ScalingConfig.label_selector={self.scaling.label_selector!r} "
+                f"asks for (the nodes' labels: {labels})")
 
     def placements(self) -> list[Placement]:
         """Where each actor landed (waits for the actors to finish starting)."""
