@@ -6,8 +6,8 @@
 Runs on the machine that calls it (the driver of nothing: every job is a fresh
 subprocess). Each variant trains the tutorial's ResNet18 on the real FashionMNIST
 for ``--steps`` optimizer steps per worker, with 2 workers (plain PyTorch and the
-local modes, ``--variants trainlib_local,raytrain_local``: one process, one torch
-thread), and saves rank 0's state_dict once at the end through the framework's own
+local modes, ``--variants trainlib_local,raytrain_local`` with ``bench/jobs/local_job.py``: one
+process, one torch thread), and saves rank 0's state_dict once at the end through the framework's own
 mechanism. Variants are interleaved, ``--repeats`` times each, in a rotated order.
 
 For every run, measured from this process:
@@ -209,7 +209,7 @@ class TreeSampler(threading.Thread):
 
 # Processes that run the training steps; every other process of a job's tree is overhead.
 TRAINING_PROCESSES = ("ray::TrainWorker", "ray::RayTrainWorker", "torchrun_job.py", "plain_job.py",
-                      "trainlib_local_job.py", "raytrain_local_job.py")
+                      "local_job.py")
 
 
 def process_label(proc: psutil.Process) -> str | None:
@@ -247,6 +247,8 @@ def command(variant: str, steps: int, data_root: str, storage: str, out: str) ->
     if variant == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                 os.path.join(JOBS, "torchrun_job.py"), *job_args]
+    if variant.endswith("_local"):
+        return [sys.executable, os.path.join(JOBS, "local_job.py"), variant[:-len("_local")], *job_args]
     script = "trainlib" if variant == "trainlib_base" else variant
     return [sys.executable, os.path.join(JOBS, f"{script}_job.py"), *job_args]
 

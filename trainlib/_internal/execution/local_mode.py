@@ -19,7 +19,7 @@ import socket
 import threading
 from typing import Any, Callable
 
-from trainlib._internal.execution.messages import WorkerMessage
+from trainlib._internal.execution.messages import WorkerMessage, drained
 from trainlib._internal.execution.session import WorkerSession, set_session
 from trainlib._internal.execution.spec import AttemptSpec, Placement, WorkerInfo
 
@@ -70,22 +70,15 @@ class LocalWorkerGroup:
             first = self.outbox.get(timeout=timeout)
         except queue.Empty:
             return []
-        return self._drain([first])
+        return drained(self.outbox, [first])
 
     def flush(self, timeout: float) -> list[WorkerMessage]:
         if self.session is not None:
             self.session.wait_uploads(timeout)
-        return self._drain([])
+        return drained(self.outbox, [])
 
     def shutdown(self) -> None:
         pass
-
-    def _drain(self, messages: list[WorkerMessage]) -> list[WorkerMessage]:
-        while True:
-            try:
-                messages.append(self.outbox.get_nowait())
-            except queue.Empty:
-                return messages
 
     # -- the training thread's side ----------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import queue
 import traceback
 from typing import Any, ClassVar, Union
 
@@ -85,3 +86,12 @@ WorkerMessage = Union[ReportMessage, DoneMessage, FailedMessage]
 def is_last(message: WorkerMessage) -> bool:
     """Whether ``message`` ends its rank's stream (nothing follows a done or a failure)."""
     return message.kind is not MessageKind.REPORT
+
+
+def drained(outbox: "queue.Queue[Any]", messages: list[Any]) -> list[Any]:
+    """``messages`` and then everything queued in ``outbox`` now, in order (a rank's outbox, either side)."""
+    while True:
+        try:
+            messages.append(outbox.get_nowait())
+        except queue.Empty:
+            return messages

@@ -15,7 +15,7 @@ import socket
 import threading
 from typing import Any
 
-from trainlib._internal.execution.messages import WorkerMessage
+from trainlib._internal.execution.messages import WorkerMessage, drained
 from trainlib._internal.execution.session import WorkerSession, set_session
 from trainlib._internal.execution import user_code
 from trainlib._internal.execution.spec import Placement, WorkerInfo, WorkerStart
@@ -121,7 +121,7 @@ class TrainWorker:
 
     def next_messages(self) -> list[WorkerMessage]:
         """Block until this worker has something for the driver (or flush() woke it); return all of it, in order."""
-        return [m for m in self._drain([self.outbox.get()]) if m is not _WAKE]
+        return [m for m in drained(self.outbox, [self.outbox.get()]) if m is not _WAKE]
 
     def close(self) -> None:
         """Before the group is torn down: remove this worker's staging folder."""
@@ -132,19 +132,12 @@ class TrainWorker:
         """After another rank failed: let pending uploads finish, then return what is queued."""
         if self.session is not None:
             self.session.wait_uploads(timeout)
-        messages = [m for m in self._drain([]) if m is not _WAKE]
+        messages = [m for m in drained(self.outbox, []) if m is not _WAKE]
         # A next_messages() call of the driver's may be blocked on the emptied queue, or hold messages taken just
         # before this drain: wake it, so the driver can wait for its answer instead of dropping it.
         self.outbox.put(_WAKE)
         return messages
 
-    def _drain(self, messages: list[WorkerMessage]) -> list[WorkerMessage]:
-        """``messages`` and then everything queued now, in order."""
-        while True:
-            try:
-                messages.append(self.outbox.get_nowait())
-            except queue.Empty:
-                return messages
 
 
 def _train_at_node_priority() -> None:
