@@ -138,3 +138,21 @@ def test_local_mode_under_a_multi_process_torchrun_is_refused_with_the_fix(tmp_p
     with pytest.raises(ValueError, match=r"rank 1 of 2.*ScalingConfig\(num_workers=2\)"):
         trainer.fit()
     assert not os.path.exists(tmp_path / "torchrun")  # refused before the run folder was made
+
+
+def test_a_function_that_cannot_be_pickled_runs_in_local_mode_and_restore_asks_for_it(tmp_path):
+    lock = threading.Lock()  # a closure over it cannot be pickled: fine here, nothing is sent (as in Ray Train)
+
+    def train_func():
+        with lock:
+            trainlib.report({"locked": True})
+
+    with pytest.raises(TypeError, match="cannot be serialised"):  # a worker process would need it pickled
+        DataParallelTrainer(train_func, scaling_config=ScalingConfig(num_workers=1))
+    run_config = RunConfig(name="closure", storage_path=str(tmp_path), verbose=False)
+    result = DataParallelTrainer(train_func, scaling_config=ScalingConfig(num_workers=0), run_config=run_config).fit()
+    assert result.metrics == {"locked": True}
+    with pytest.raises(ValueError, match=r"cannot be pickled.*restore\(path, train_loop_per_worker=train_func"):
+        DataParallelTrainer.restore(result.path)
+    again = DataParallelTrainer.restore(result.path, train_loop_per_worker=train_func)
+    assert again.scaling_config.local_mode

@@ -54,7 +54,7 @@ def run_storage(run_config: RunConfig, name: str) -> RunStorage:
     return RunStorage(fs, root, name, shared=declares_shared(rc.storage_path))
 
 
-def open_run(run_config: RunConfig, name: str, *, restoring: bool, train_fn: TrainFunction,
+def open_run(run_config: RunConfig, name: str, *, restoring: bool, train_fn: TrainFunction | None,
              train_loop_config: dict | None, scaling_config: ScalingConfig,
              storage: RunStorage | None = None, extras: dict[str, Any] | None = None) -> OpenedRun:
     """Create the run folder, or resume or overwrite the one there per ``RunConfig.if_exists``.
@@ -184,8 +184,8 @@ def load_trainer_extras(storage: RunStorage) -> dict[str, Any]:
 def load_trainer_file(storage: RunStorage) -> tuple[Any, dict | None, ScalingConfig]:
     """The training function, its config and the scaling config that ``fit()`` stored for ``restore``."""
     saved = cloudpickle.loads(storage.fs.cat_file(storage.join(TRAINER_FILE)))
-    if "train_fn" in saved:
-        func, config = saved["train_fn"].unpack()
+    if "train_fn" in saved:  # None: a local-mode run whose function could not be pickled
+        func, config = saved["train_fn"].unpack() if saved["train_fn"] is not None else (None, None)
     else:  # a run folder written before the function was bound once
         func, config = saved["train_loop_per_worker"], saved["train_loop_config"]
     return func, config, saved["scaling_config"]

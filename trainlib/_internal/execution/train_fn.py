@@ -114,7 +114,11 @@ def _check_signature(func: Callable, config: dict | None) -> bool:
     return bool(positional) or takes_varargs
 
 
-def _unpicklable(func: Callable, config: dict | None, error: Exception) -> TypeError:
+class UnpicklableError(TypeError):
+    """The training function or its config cannot be pickled (local mode runs it anyway: nothing is sent)."""
+
+
+def _unpicklable(func: Callable, config: dict | None, error: Exception) -> UnpicklableError:
     """The error that names what cannot be pickled: a config entry, the config, or the function."""
     for what, value in (("train_loop_config", config), ("train_loop_per_worker", func)):
         try:
@@ -127,18 +131,18 @@ def _unpicklable(func: Callable, config: dict | None, error: Exception) -> TypeE
                 try:
                     cloudpickle.dumps(item)
                 except Exception as exc:  # noqa: BLE001
-                    return TypeError(
+                    return UnpicklableError(
                         f"{what}[{key!r}] ({type(item).__name__}) cannot be serialised to send to the workers: "
                         f"{exc}. Pass plain values (numbers, strings, lists, dicts) and build objects such as "
                         "models, data loaders or locks inside train_loop_per_worker."
                     )
         if what == "train_loop_config":
-            return TypeError(
+            return UnpicklableError(
                 f"train_loop_config cannot be serialised to send to the workers: {error}. Pass plain values "
                 "(numbers, strings, lists, dicts) and build other objects inside train_loop_per_worker."
             )
         break
-    return TypeError(
+    return UnpicklableError(
         f"train_loop_per_worker cannot be serialised to send to the workers: {error}. Make it a plain "
         "module-level function and build unpicklable objects (locks, open files, clients) inside it."
     )

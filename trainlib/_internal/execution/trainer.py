@@ -28,7 +28,7 @@ from trainlib._internal.execution.run import (
     run_storage,
     start_run,
 )
-from trainlib._internal.execution.train_fn import TrainFunction
+from trainlib._internal.execution.train_fn import TrainFunction, UnpicklableError
 from trainlib._internal.execution.worker import WorkerBackend
 from trainlib._internal.execution.validation import check_metadata
 from trainlib._internal.execution.group_data import GroupData
@@ -76,8 +76,14 @@ class DataParallelTrainer:
                  datasets: dict[str, Any] | None = None, dataset_config: DataConfig | None = None,
                  resume_from_checkpoint: Checkpoint | None = None, metadata: dict[str, Any] | None = None,
                  backend: WorkerBackend | None = None):
-        # Checked, bound to its config and pickled once, here; shipped to the workers as these bytes.
-        self._train_fn = TrainFunction.bind(train_loop_per_worker, train_loop_config)
+        # Checked, bound to its config and pickled once, here; shipped to the workers as these bytes. Local mode
+        # sends nothing: as in Ray Train, it runs a function that cannot be pickled (restore() then needs it again).
+        try:
+            self._train_fn: TrainFunction | None = TrainFunction.bind(train_loop_per_worker, train_loop_config)
+        except UnpicklableError:
+            if not (isinstance(scaling_config, ScalingConfig) and scaling_config.local_mode):
+                raise
+            self._train_fn = None
         if scaling_config is not None and not isinstance(scaling_config, ScalingConfig):
             raise TypeError("scaling_config must be a trainlib.ScalingConfig, e.g. ScalingConfig(num_workers=2).")
         if run_config is not None and not isinstance(run_config, RunConfig):
@@ -266,6 +272,10 @@ class DataParallelTrainer:
         storage = RunStorage.open_existing(path, storage_filesystem, storage_options,
                                            caller=f"{cls.__name__}.restore")
         saved_func, saved_config, saved_scaling = load_trainer_file(storage)
+        if saved_func is None and train_loop_per_worker is None:
+            raise ValueError(f"{cls.__name__}.restore({os.fspath(path)!r}): the run ran in local mode with a training "
+                             "function or config that cannot be pickled, so neither was stored: pass them again, "
+                             "restore(path, train_loop_per_worker=train_func, train_loop_config={...}).")
         record = RunRecord.load(storage)
         run_config = RunConfig(
             name=storage.name, storage_path=os.fspath(path).rstrip("/").rsplit("/", 1)[0],
