@@ -156,3 +156,17 @@ def test_a_function_that_cannot_be_pickled_runs_in_local_mode_and_restore_asks_f
         DataParallelTrainer.restore(result.path)
     again = DataParallelTrainer.restore(result.path, train_loop_per_worker=train_func)
     assert again.scaling_config.local_mode
+
+
+def locked_train_func(config):
+    with config["lock"]:
+        trainlib.report({"lr": config["lr"]})
+
+
+def test_a_config_that_cannot_be_pickled_runs_in_local_mode_and_is_recorded_by_type(tmp_path):
+    result = DataParallelTrainer(locked_train_func, train_loop_config={"lock": threading.Lock(), "lr": 0.1},
+                                 scaling_config=ScalingConfig(num_workers=0),
+                                 run_config=RunConfig(name="config", storage_path=str(tmp_path), verbose=False)).fit()
+    assert result.metrics == {"lr": 0.1}
+    with open(os.path.join(result.path, "trainlib_run.json")) as f:
+        assert json.load(f)["train_loop_config"] == {"lock": "<lock>", "lr": 0.1}

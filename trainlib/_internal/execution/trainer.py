@@ -145,14 +145,14 @@ class DataParallelTrainer:
     def _fit(self, storage: RunStorage, lease: RunLease) -> Result:
         rc = self.run_config
         run = open_run(rc, storage.name, restoring=self._restoring, train_fn=self._train_fn,
-                       train_loop_config=self.train_loop_config, scaling_config=self.scaling_config, storage=storage,
+                       train_loop_config=self._recorded_config(), scaling_config=self.scaling_config, storage=storage,
                        extras={"dataset_config": self.dataset_config, "dataset_names": sorted(self.datasets or {}),
                                "metadata": self.metadata})
         start_from = storage.uri(run.committed[-1].path) if run.committed else (
             self.resume_from_checkpoint.uri if self.resume_from_checkpoint else None)
         run_info = RunInfo(
             name=storage.name, path=storage.uri(), world_size=max(1, self.scaling_config.max_workers),
-            use_gpu=self.scaling_config.use_gpu, train_loop_config=self.train_loop_config,
+            use_gpu=self.scaling_config.use_gpu, train_loop_config=self._recorded_config(),
             scaling_config=run.record.scaling_config, resumed_from=start_from, record=run.record,
             earlier_reports=tuple(ReportRecord(step=row["step"], metrics=row["metrics"], checkpoint=None,
                                                attempt=row.get("attempt", 0), reported_at=row.get("time", 0.0))
@@ -206,6 +206,13 @@ class DataParallelTrainer:
         finally:
             note_fit_ended()
         return close_run(run, rc, run_info, controller, None)
+
+    def _recorded_config(self) -> dict | None:
+        """The config as the run record and the callbacks get it: as given, or, when it cannot be pickled (local
+        mode), with each value that cannot be pickled named by its type."""
+        if self._train_fn is not None or not self.train_loop_config:
+            return self.train_loop_config
+        return {k: v if _picklable(v) else f"<{type(v).__name__}>" for k, v in self.train_loop_config.items()}
 
     def _fit_local(self, run: OpenedRun, run_info: RunInfo, lease: RunLease) -> Result:
         """Local mode (``num_workers=0``): the function runs here, the controller commits its reports (local_mode.py)."""
@@ -304,6 +311,16 @@ class DataParallelTrainer:
         """Whether ``path`` holds a run that :meth:`restore` can continue."""
         fs, inner = resolve_filesystem(path, storage_filesystem, storage_options)
         return fs.exists(inner.rstrip("/") + "/" + TRAINER_FILE)
+
+def _picklable(value: Any) -> bool:
+    from ray import cloudpickle
+
+    try:
+        cloudpickle.dumps(value)
+        return True
+    except Exception:  # noqa: BLE001 - any pickling failure
+        return False
+
 
 def _log_to_console() -> None:
     if not logger.handlers and not logging.getLogger().handlers:
