@@ -122,6 +122,8 @@ def run_in_this_process(group: LocalWorkerGroup, run_controller: Callable[[], No
                       gpu_index=0 if use_gpu else None)
     session = WorkerSession(info, attempt, group.outbox, metadata=metadata, dataset_shards=dataset_shards)
     group.session = session
+    if controller_error:  # it failed between handing over the attempt and the line above
+        session.abort = controller_error[0]
     set_session(session)
     value, error = None, None
     try:
