@@ -9,7 +9,8 @@ Example:
 from trainlib._internal.execution.trainer import DataParallelTrainer
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
-from trainlib.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from trainlib.config import CheckpointConfig, FailureConfig, RunConfig
+from trainlib.scaling import ScalingConfig
 from trainlib.context import (
     TrainContext,
     get_all_reported_checkpoints,

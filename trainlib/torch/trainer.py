@@ -6,7 +6,8 @@ from typing import Any, Callable
 
 from trainlib._internal.execution.trainer import DataParallelTrainer
 from trainlib.checkpoint import Checkpoint
-from trainlib.config import RunConfig, ScalingConfig
+from trainlib.config import RunConfig
+from trainlib.scaling import ScalingConfig
 from trainlib.data import DataConfig
 from trainlib.torch._backend import TorchBackend
 from trainlib.torch.config import TorchConfig

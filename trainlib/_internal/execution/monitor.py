@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 from trainlib._internal import tunables
-from trainlib.config import ScalingConfig
+from trainlib.scaling import ScalingConfig
 from trainlib.errors import WorkerError
 from trainlib.preemption import PreemptionInfo
 

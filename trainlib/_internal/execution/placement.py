@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from trainlib._internal.execution.spec import Placement, WorkerInfo
-from trainlib.config import ACCELERATOR_RESOURCE_PREFIX, ScalingConfig
+from trainlib.scaling import ACCELERATOR_RESOURCE_PREFIX, ScalingConfig
 from trainlib.errors import ResourcesUnavailableError
 
 

@@ -19,7 +19,8 @@ from trainlib._internal.util.filesystem import declares_shared, resolve_filesyst
 from trainlib._internal.util.versions import trainlib_version
 from trainlib.callbacks import Callback, RunInfo
 from trainlib.checkpoint import Checkpoint
-from trainlib.config import RunConfig, ScalingConfig
+from trainlib.config import RunConfig
+from trainlib.scaling import ScalingConfig
 from trainlib.errors import RunExistsError
 from trainlib.result import Result
 

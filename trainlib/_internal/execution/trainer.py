@@ -39,7 +39,8 @@ from trainlib._internal.storage.run_storage import RunStorage
 from trainlib._internal.util.filesystem import resolve_filesystem
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
-from trainlib.config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from trainlib.config import CheckpointConfig, FailureConfig, RunConfig
+from trainlib.scaling import ScalingConfig
 from trainlib.data import DataConfig, check_datasets
 from trainlib.errors import ControllerError, StorageError, TrainlibError, WorkerGroupError
 from trainlib.result import Result

@@ -29,7 +29,7 @@ from trainlib._internal.execution.staging import finish_staged_uploads
 from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
 from trainlib._internal.storage.run_storage import RunStorage
-from trainlib.config import ScalingConfig
+from trainlib.scaling import ScalingConfig
 from trainlib.errors import ResourcesUnavailableError, WorkerError
 
 logger = logging.getLogger("trainlib")
