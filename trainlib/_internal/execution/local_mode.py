@@ -12,16 +12,26 @@ is recorded as failed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
 import socket
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from trainlib._internal.execution.controller import Controller
 from trainlib._internal.execution.messages import WorkerMessage, drained
+from trainlib._internal.execution.run import OpenedRun, close_run, start_run
 from trainlib._internal.execution.session import WorkerSession, set_session
 from trainlib._internal.execution.spec import AttemptSpec, Placement, WorkerInfo
+from trainlib._internal.execution.train_fn import TrainFunction
+from trainlib.callbacks import RunInfo
+from trainlib.errors import ControllerError, TrainlibError, WorkerGroupError
+from trainlib.result import Result
+
+if TYPE_CHECKING:
+    from trainlib._internal.execution.trainer import DataParallelTrainer
 
 logger = logging.getLogger("trainlib")
 
@@ -138,3 +148,41 @@ def run_in_this_process(group: LocalWorkerGroup, run_controller: Callable[[], No
         set_session(None)
     thread.join()
     return value, error, controller_error[0] if controller_error else None
+
+
+def fit_in_this_process(trainer: "DataParallelTrainer", run: OpenedRun, run_info: RunInfo, lease: Any) -> Result:
+    """``trainer.fit()`` in local mode, from its opened run: the function runs here, the controller commits."""
+    rc = trainer.run_config
+    if rc.failure_config.max_failures != 0:
+        logger.warning("ScalingConfig(num_workers=0) runs the function once, in this process, as Ray Train's local "
+                       "mode does: FailureConfig(max_failures=%d) has no effect. Use num_workers >= 1 for "
+                       "restarts.", rc.failure_config.max_failures)
+    group = LocalWorkerGroup()
+    start_run(run, run_info, rc.callbacks)
+    controller = Controller(
+        storage=run.storage, make_worker_group=lambda: group, checkpoint_config=rc.checkpoint_config,
+        failure_config=dataclasses.replace(rc.failure_config, max_failures=0, max_preemption_failures=0),
+        callbacks=rc.callbacks, run_info=run_info, start_checkpoint=trainer.resume_from_checkpoint,
+        metrics_rows=run.metrics_rows, committed=run.committed, verbose=rc.verbose, metadata=trainer.metadata,
+        lease=lease,
+    )
+    # One rank reads each dataset whole (Ray Data starts Ray on first use, as it does in Ray Train's local mode).
+    shards = {name: (ds() if callable(ds) and not hasattr(ds, "streaming_split") else ds).iterator()
+              for name, ds in (trainer.datasets or {}).items()}
+    func = TrainFunction.in_process(trainer.train_loop_per_worker, trainer.train_loop_config)
+    try:
+        value, error, controller_error = run_in_this_process(
+            group, controller.run, func, trainer.backend, trainer.scaling_config.use_gpu, trainer.metadata, shards or None)
+    except BaseException as exc:  # Ctrl-C while the last reports were committed
+        close_run(run, rc, run_info, controller, exc)
+        raise
+    if error is not None and error is not controller_error and (
+            controller_error is None or isinstance(controller_error, WorkerGroupError)):
+        close_run(run, rc, run_info, controller, error)
+        raise error  # as the function raised it, as Ray Train's local mode does
+    if controller_error is not None:
+        failure = controller_error if isinstance(controller_error, TrainlibError) else ControllerError(controller_error)
+        close_run(run, rc, run_info, controller, failure)
+        raise failure from (None if failure is controller_error else controller_error)
+    controller.return_value = value
+    return close_run(run, rc, run_info, controller, None)

@@ -6,7 +6,6 @@ worker backend.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import logging
 import os
@@ -15,12 +14,11 @@ from typing import Any, Callable
 
 from trainlib._internal.execution.controller import Controller
 from trainlib._internal.execution.embedded_ray import WORKER_MODULE, ensure_ray, note_fit_ended
-from trainlib._internal.execution.local_mode import LocalWorkerGroup, check_not_under_torchrun, run_in_this_process
+from trainlib._internal.execution.local_mode import check_not_under_torchrun, fit_in_this_process
 from trainlib._internal.execution.monitor import ScalingPolicy
 from trainlib._internal.execution.placement import available_workers
 from trainlib._internal.execution.run import (
     TRAINER_FILE,
-    OpenedRun,
     close_run,
     load_trainer_extras,
     load_trainer_file,
@@ -42,7 +40,7 @@ from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig, FailureConfig, RunConfig
 from trainlib.scaling import ScalingConfig
 from trainlib.data import DataConfig, check_datasets
-from trainlib.errors import ControllerError, StorageError, TrainlibError, WorkerGroupError
+from trainlib.errors import ControllerError, StorageError, TrainlibError
 from trainlib.result import Result
 
 logger = logging.getLogger("trainlib")
@@ -160,7 +158,7 @@ class DataParallelTrainer:
                                   for row in run.metrics_rows),
         )
         if self.scaling_config.local_mode:
-            return self._fit_local(run, run_info, lease)
+            return fit_in_this_process(self, run, run_info, lease)
         import ray
 
         policy = ScalingPolicy(self.scaling_config, available_workers)
@@ -214,43 +212,6 @@ class DataParallelTrainer:
         if self._train_fn is not None or not self.train_loop_config:
             return self.train_loop_config
         return {k: v if _picklable(v) else f"<{type(v).__name__}>" for k, v in self.train_loop_config.items()}
-
-    def _fit_local(self, run: OpenedRun, run_info: RunInfo, lease: RunLease) -> Result:
-        """Local mode (``num_workers=0``): the function runs here, the controller commits its reports (local_mode.py)."""
-        rc = self.run_config
-        if rc.failure_config.max_failures != 0:
-            logger.warning("ScalingConfig(num_workers=0) runs the function once, in this process, as Ray Train's local "
-                           "mode does: FailureConfig(max_failures=%d) has no effect. Use num_workers >= 1 for "
-                           "restarts.", rc.failure_config.max_failures)
-        group = LocalWorkerGroup()
-        start_run(run, run_info, rc.callbacks)
-        controller = Controller(
-            storage=run.storage, make_worker_group=lambda: group, checkpoint_config=rc.checkpoint_config,
-            failure_config=dataclasses.replace(rc.failure_config, max_failures=0, max_preemption_failures=0),
-            callbacks=rc.callbacks, run_info=run_info, start_checkpoint=self.resume_from_checkpoint,
-            metrics_rows=run.metrics_rows, committed=run.committed, verbose=rc.verbose, metadata=self.metadata,
-            lease=lease,
-        )
-        # One rank reads each dataset whole (Ray Data starts Ray on first use, as it does in Ray Train's local mode).
-        shards = {name: (ds() if callable(ds) and not hasattr(ds, "streaming_split") else ds).iterator()
-                  for name, ds in (self.datasets or {}).items()}
-        func = TrainFunction.in_process(self.train_loop_per_worker, self.train_loop_config)
-        try:
-            value, error, controller_error = run_in_this_process(
-                group, controller.run, func, self.backend, self.scaling_config.use_gpu, self.metadata, shards or None)
-        except BaseException as exc:  # Ctrl-C while the last reports were committed
-            close_run(run, rc, run_info, controller, exc)
-            raise
-        if error is not None and error is not controller_error and (
-                controller_error is None or isinstance(controller_error, WorkerGroupError)):
-            close_run(run, rc, run_info, controller, error)
-            raise error  # as the function raised it, as Ray Train's local mode does
-        if controller_error is not None:
-            failure = controller_error if isinstance(controller_error, TrainlibError) else ControllerError(controller_error)
-            close_run(run, rc, run_info, controller, failure)
-            raise failure from (None if failure is controller_error else controller_error)
-        controller.return_value = value
-        return close_run(run, rc, run_info, controller, None)
 
     @staticmethod
     def _submit_early(new_group: Callable[[], RayWorkerGroup]) -> list[RayWorkerGroup]:
