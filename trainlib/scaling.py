@@ -151,6 +151,21 @@ class ScalingConfig:
             resources.setdefault(ACCELERATOR_RESOURCE_PREFIX + self.accelerator_type, 0.001)
         return {k: float(v) for k, v in resources.items() if v}
 
+    @property
+    def num_cpus_per_worker(self) -> float:
+        """CPUs each worker reserves (Ray Train's property)."""
+        return self.worker_resources.get("CPU", 0.0)
+
+    @property
+    def num_gpus_per_worker(self) -> float:
+        """GPUs each worker reserves (Ray Train's property)."""
+        return self.worker_resources.get("GPU", 0.0)
+
+    @property
+    def additional_resources_per_worker(self) -> dict[str, float]:
+        """Each worker's resources other than CPUs and GPUs (Ray Train's property)."""
+        return {k: v for k, v in self.worker_resources.items() if k not in ("CPU", "GPU")}
+
     def label_selectors(self, num_workers: int) -> list[dict[str, str]] | None:
         """Each worker's node-label selector in a group of ``num_workers`` (Ray's ``bundle_label_selector``)."""
         if self.label_selector is None:

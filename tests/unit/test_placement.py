@@ -82,3 +82,11 @@ def test_accelerator_type_asks_for_rays_accelerator_resource_and_only_its_nodes_
     assert "accelerator_type: H100" in message and "drop accelerator_type='A100'" in message
     with pytest.raises(TypeError, match="accelerator_type must be an accelerator's name"):
         trainlib.ScalingConfig(accelerator_type="")
+
+
+def test_ray_trains_per_worker_resource_properties():
+    scaling = trainlib.ScalingConfig(num_workers=2, use_gpu=True, resources_per_worker={"CPU": 4, "GPU": 1, "ssd": 1},
+                                     accelerator_type="H100")
+    assert (scaling.num_cpus_per_worker, scaling.num_gpus_per_worker) == (4.0, 1.0)
+    assert scaling.additional_resources_per_worker == {"ssd": 1.0, "accelerator_type:H100": 0.001}
+    assert scaling.total_resources["CPU"] == 8.0
