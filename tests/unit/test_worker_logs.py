@@ -144,8 +144,14 @@ def test_each_worker_line_reaches_the_console_in_one_write(monkeypatch):
                           "lines": ["first line", "second line"]})
     ray_worker.print_to_stdstream({"pid": 4243, "ip": "10.0.0.2", "localhost": "10.0.0.1", "is_err": True,
                                    "actor_name": "TrainWorker", "lines": ["an error"]}, ignore_prefix=False)
-    assert len(console.writes) == 2 and all(w.endswith("\n") and w.count("\n") == 1 for w in console.writes)
-    assert "(train pid=4242)" in console.writes[0] and console.writes[0].rstrip().endswith("first line")
-    assert console.writes[1].rstrip().endswith("second line")
-    [error] = errors.writes
+    # Only this test's lines are counted: CI once saw one more write on stderr from this thread (in a full run only,
+    # cause not found; e.g. a warning of an earlier test's logger printed through logging's lastResort handler).
+    # A line split in two still fails: its first piece holds the prefix but not the newline.
+    ours = [w for w in console.writes if "pid=4242" in w]
+    assert len(ours) == 2 and all(w.endswith("\n") and w.count("\n") == 1 for w in ours), console.writes
+    assert "(train pid=4242)" in ours[0] and ours[0].rstrip().endswith("first line")
+    assert ours[1].rstrip().endswith("second line")
+    error_lines = [w for w in errors.writes if "pid=4243" in w]
+    assert len(error_lines) == 1, errors.writes
+    error = error_lines[0]
     assert "(TrainWorker pid=4243, ip=10.0.0.2)" in error and error.rstrip().endswith("an error")
