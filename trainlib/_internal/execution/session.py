@@ -86,10 +86,10 @@ class WorkerSession:
 
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, options: ReportOptions | None = None
                ) -> None:
-        # A flush after another rank failed waits for a report() under way too (copying its checkpoint): every
-        # rank may have made that report by the time it is queued, and the driver commits it then.
         if self.abort is not None:
             raise self.abort
+        # A flush after another rank failed waits for a report() under way too (copying its checkpoint): every
+        # rank may have made that report by the time it is queued, and the driver commits it then.
         self._in_report = True
         try:
             self._report(metrics, checkpoint, options)

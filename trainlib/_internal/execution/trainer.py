@@ -143,15 +143,16 @@ class DataParallelTrainer:
 
     def _fit(self, storage: RunStorage, lease: RunLease) -> Result:
         rc = self.run_config
+        recorded_config = self._recorded_config()
         run = open_run(rc, storage.name, restoring=self._restoring, train_fn=self._train_fn,
-                       train_loop_config=self._recorded_config(), scaling_config=self.scaling_config, storage=storage,
+                       train_loop_config=recorded_config, scaling_config=self.scaling_config, storage=storage,
                        extras={"dataset_config": self.dataset_config, "dataset_names": sorted(self.datasets or {}),
                                "metadata": self.metadata})
         start_from = storage.uri(run.committed[-1].path) if run.committed else (
             self.resume_from_checkpoint.uri if self.resume_from_checkpoint else None)
         run_info = RunInfo(
             name=storage.name, path=storage.uri(), world_size=max(1, self.scaling_config.max_workers),
-            use_gpu=self.scaling_config.use_gpu, train_loop_config=self._recorded_config(),
+            use_gpu=self.scaling_config.use_gpu, train_loop_config=recorded_config,
             scaling_config=run.record.scaling_config, resumed_from=start_from, record=run.record,
             earlier_reports=tuple(ReportRecord(step=row["step"], metrics=row["metrics"], checkpoint=None,
                                                attempt=row.get("attempt", 0), reported_at=row.get("time", 0.0))
@@ -273,6 +274,7 @@ class DataParallelTrainer:
         """Whether ``path`` holds a run that :meth:`restore` can continue."""
         fs, inner = resolve_filesystem(path, storage_filesystem, storage_options)
         return fs.exists(inner.rstrip("/") + "/" + TRAINER_FILE)
+
 
 def _picklable(value: Any) -> bool:
     from ray import cloudpickle

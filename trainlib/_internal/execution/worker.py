@@ -139,7 +139,6 @@ class TrainWorker:
         return messages
 
 
-
 def _train_at_node_priority() -> None:
     """Give this worker's threads the Ray node's CPU priority instead of Ray's worker niceness (15).
 

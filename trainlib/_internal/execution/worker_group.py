@@ -68,9 +68,8 @@ class RayWorkerGroup:
         selectors = self.scaling.label_selectors(self.num_workers)
         labels = {"bundle_label_selector": selectors} if selectors else {}
         self._pg = placement_group(bundles, strategy=self.scaling.placement_strategy, name="trainlib-workers", **labels)
-        cpus = self.scaling.worker_resources.get("CPU", 0)
-        gpus = self.scaling.worker_resources.get("GPU", 0)
-        custom = {k: v for k, v in self.scaling.worker_resources.items() if k not in ("CPU", "GPU")}
+        cpus, gpus = self.scaling.num_cpus_per_worker, self.scaling.num_gpus_per_worker
+        custom = self.scaling.additional_resources_per_worker
         actor_cls = ray.remote(TrainWorker)
         threads = str(max(1, int(cpus)))
         # The user's runtime env variables win: Ray sets them as the process starts, before these.
