@@ -77,17 +77,42 @@ def controller_on(storage, make_worker_group=lambda: None, *, world_size: int = 
                       verbose=False)
 
 
+_session_lean = None  # what the session's lean Ray keeps in this process (its log reader, its agents' ports)
+
+
 def start_session_ray() -> None:
-    """Start the session's embedded Ray; modules that connect to a cluster of their own call it to restore it."""
+    """Start the session's embedded Ray; modules that connect to a cluster of their own call it to restore it.
+
+    Started as lean as trainlib's own embedded Ray (embedded_ray.lean_local_start: no dashboard, monitor,
+    log monitor or dashboard agent, the runtime-env agent on demand, no metrics; the workers import Ray's
+    serializer add-ons only when used): the suite is CPU-bound, and the tests then run on the Ray that users
+    get. The workers preload no torch: a test's actors import what they use. This process (which imports
+    Prefect and MLflow, so pydantic and pyarrow, anyway) keeps Ray's serializers as they are."""
     import ray
 
-    from trainlib._internal.execution.embedded_ray import stop_unused_daemons, without_unused_daemons
+    from trainlib._internal.execution.dashboard_agent import LEAN_SYSTEM_CONFIG
+    from trainlib._internal.execution.embedded_ray import WORKER_SETUP_MODULE, lean_local_start
 
+    global _session_lean
+    if _session_lean is not None:  # the reader and ports of the previous one, shut down since
+        _session_lean.stop()
+        _session_lean = None
     # address="local": never join another cluster on this machine (/tmp/ray/ray_current_cluster).
-    # As lean as trainlib's own embedded Ray (no dashboard head, no monitor): the suite is CPU-bound.
-    with without_unused_daemons():
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True)
-    stop_unused_daemons()
+    with lean_local_start() as lean:
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True,
+                 _system_config={**LEAN_SYSTEM_CONFIG, "preload_python_modules": [WORKER_SETUP_MODULE]})
+    _session_lean = lean.started()
+
+
+def stop_session_ray() -> None:
+    """Shut down whatever Ray this process is connected to, and the session's lean Ray's reader and ports."""
+    import ray
+
+    global _session_lean
+    ray.shutdown()
+    if _session_lean is not None:
+        _session_lean.stop()
+        _session_lean = None
 
 
 @contextlib.contextmanager
@@ -123,7 +148,7 @@ def ray_session():
         ray.shutdown()
     start_session_ray()
     yield ray
-    ray.shutdown()
+    stop_session_ray()
 
 
 @pytest.fixture

@@ -95,3 +95,32 @@ def test_a_context_created_after_a_library_is_imported_gets_its_serializer_at_on
     serialization_addons.apply("context")
     assert registered == [("json", "context")]  # json is imported: registered at once
     assert lazy_serializers._waiting == {"madeup_never_installed": ["context"]}
+
+
+def test_rays_pydantic_compat_importing_pydantic_first_still_sees_it():
+    """In a worker of the embedded Ray, Ray's pydantic_compat is often the first to import pydantic (Ray Data's
+    SplitCoordinator does, through ray.util.state). It must still find pydantic, and a v1 ModelField, once its
+    module is imported, gets Ray's serializer."""
+    import subprocess
+
+    code = """if True:
+        import sys
+        from trainlib._internal.execution.lazy_serializers import defer_serialization_addons
+        assert "pydantic" not in sys.modules
+        assert defer_serialization_addons()
+        from ray.util import serialization_addons
+        registered = []
+        class Context:
+            def _register_cloudpickle_serializer(self, cls, **kwargs):
+                registered.append(cls.__module__ + "." + cls.__name__)
+        serialization_addons.apply(Context())
+        import ray._common.pydantic_compat as compat
+        import ray.util.state.common  # builds pydantic dataclasses with init=not IS_PYDANTIC_2
+        assert compat.IS_PYDANTIC_2, "pydantic_compat saw no pydantic"
+        assert registered == [], registered  # no v1 ModelField can exist yet
+        import pydantic.v1.fields
+        assert registered == ["pydantic.v1.fields.ModelField"], registered
+        print("OK")
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]

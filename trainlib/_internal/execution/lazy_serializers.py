@@ -61,7 +61,11 @@ def _register_arrow(context: Any) -> None:
 
 def _registrations() -> dict[str, Registration]:
     """The module whose import makes each of Ray's registrations due, as Ray's ``apply`` makes them."""
-    due = {"pydantic": _register_pydantic, "starlette.datastructures": _register_starlette}
+    # Ray's pydantic serializers are for v1's ModelField, which exists once pydantic.v1.fields has run. Not
+    # "pydantic": Ray's own pydantic_compat is often the first to import it, and the registration, which
+    # imports pydantic_compat, then met that half-imported module; its ImportError reached pydantic_compat's
+    # `try: import pydantic`, which concluded that pydantic is not installed (Ray Data's actors then failed).
+    due = {"pydantic.v1.fields": _register_pydantic, "starlette.datastructures": _register_starlette}
     if sys.platform != "win32":  # as in Ray: no Arrow serializers on Windows
         due["pyarrow"] = _register_arrow
     return due
