@@ -83,25 +83,16 @@ _session_lean = None  # what the session's lean Ray keeps in this process (its l
 def start_session_ray() -> None:
     """Start the session's embedded Ray; modules that connect to a cluster of their own call it to restore it.
 
-    Started as lean as trainlib's own embedded Ray (embedded_ray.lean_local_start: no dashboard, monitor,
+    Started as lean as trainlib's own embedded Ray (embedded_ray.init_lean_local_ray: no dashboard, monitor,
     log monitor or dashboard agent, the runtime-env agent on demand, no metrics; the workers import Ray's
     serializer add-ons only when used): the suite is CPU-bound, and the tests then run on the Ray that users
     get. The workers preload no torch: a test's actors import what they use. This process (which imports
     Prefect and MLflow, so pydantic and pyarrow, anyway) keeps Ray's serializers as they are."""
-    import ray
-
-    from trainlib._internal.execution.dashboard_agent import LEAN_SYSTEM_CONFIG
-    from trainlib._internal.execution.embedded_ray import WORKER_SETUP_MODULE, lean_local_start
+    from trainlib._internal.execution.embedded_ray import init_lean_local_ray
 
     global _session_lean
-    if _session_lean is not None:  # the reader and ports of the previous one, shut down since
-        _session_lean.stop()
-        _session_lean = None
-    # address="local": never join another cluster on this machine (/tmp/ray/ray_current_cluster).
-    with lean_local_start() as lean:
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=True,
-                 _system_config={**LEAN_SYSTEM_CONFIG, "preload_python_modules": [WORKER_SETUP_MODULE]})
-    _session_lean = lean.started()
+    stop_session_ray()  # and the reader and ports of the previous one
+    _session_lean = init_lean_local_ray(preload=(), num_cpus=4).started()
 
 
 def stop_session_ray() -> None:
@@ -144,8 +135,6 @@ def ray_session():
     """One embedded Ray cluster for every test that needs one (4 logical CPUs on the 2-core CI)."""
     import ray
 
-    if ray.is_initialized():
-        ray.shutdown()
     start_session_ray()
     yield ray
     stop_session_ray()

@@ -90,15 +90,25 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
         ray.init(log_to_driver=True)
         return
     defer_serialization_addons()  # this driver's serialization context: none of the three unless the user imports it
-    # address="local": without it Ray joins the last cluster started on this machine
-    # (/tmp/ray/ray_current_cluster), which may be someone else's.
-    with lean_local_start() as lean:
-        ray.init(address="local", include_dashboard=False, log_to_driver=True,
-                 _system_config={**LEAN_SYSTEM_CONFIG, "preload_python_modules": [WORKER_SETUP_MODULE, *preload]})
+    lean = init_lean_local_ray(preload)
     _started_here = True
     # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).
     atexit.register(shutdown_embedded_ray)
     _local_ray = lean.started()
+
+
+def init_lean_local_ray(preload: Sequence[str], **init_kwargs: Any) -> LeanStart:
+    """``ray.init`` of a new local Ray started lean (:func:`lean_local_start`), whose workers import
+    :data:`WORKER_SETUP_MODULE` and then ``preload`` as they start. Call ``started()`` on the result."""
+    import ray
+
+    # address="local": without it Ray joins the last cluster started on this machine
+    # (/tmp/ray/ray_current_cluster), which may be someone else's.
+    with lean_local_start() as lean:
+        ray.init(address="local", include_dashboard=False, log_to_driver=True,
+                 _system_config={**LEAN_SYSTEM_CONFIG, "preload_python_modules": [WORKER_SETUP_MODULE, *preload]},
+                 **init_kwargs)
+    return lean
 
 
 def started_embedded_ray() -> bool:
