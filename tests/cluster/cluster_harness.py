@@ -23,6 +23,7 @@ directory to the workers' path can find them; only what the job ships
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import glob
@@ -64,6 +65,17 @@ def hidden_folders() -> list[str]:
                 if line and not line.startswith(("#", "import")) and os.path.isdir(line) and any(
                         os.path.isdir(os.path.join(line, p)) for p in PROJECT_PACKAGES):
                     folders.add(os.path.abspath(line))
+    # setuptools' strict editable installs map packages in a finder module instead of a .pth path;
+    # a clone sharing another checkout's venv imports the project from that checkout.
+    for finder in glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "__editable__*finder.py")):
+        with open(finder) as f:
+            tree = ast.parse(f.read())
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if any(getattr(t, "id", None) == "MAPPING" for t in targets):
+                for package, folder in ast.literal_eval(node.value).items():
+                    if package in PROJECT_PACKAGES:
+                        folders.add(os.path.dirname(os.path.abspath(folder)))
     return sorted(folders)
 
 
