@@ -56,8 +56,11 @@ class WorkerGroup(Protocol):
     def shutdown(self) -> None: ...
 
 
-# _collect's answer when the group should restart bigger (an elastic run that found room).
-RESIZE = "resize"
+class Resize:
+    """How an attempt ends when the group should restart bigger (an elastic run that found room)."""
+
+
+RESIZE = Resize()
 
 
 class Controller:
@@ -116,7 +119,7 @@ class Controller:
                 return
             self.state = RunStatus.RESTARTING
             self.attempt += 1
-            if failure == RESIZE:
+            if isinstance(failure, Resize):  # not a failure: no budget used
                 continue
             preempted = self.watcher is not None and self.watcher.caused(failure, self._node_ids)
             counted = self.preemptions if preempted and self.preemption_policy.max_failures != 0 else self.failures
@@ -139,7 +142,7 @@ class Controller:
             return Checkpoint(self.committed[-1].path, self.storage.fs)
         return self.external_checkpoint
 
-    def _run_attempt(self, group: WorkerGroup) -> WorkerError | None:
+    def _run_attempt(self, group: WorkerGroup) -> WorkerError | Resize | None:
         group.start_actors()
         # A crash may have left checkpoint folders that were never committed: clear them while
         # the actors start.
@@ -162,7 +165,7 @@ class Controller:
         self.state = RunStatus.RUNNING
         return self._collect(group, world_size, plan)
 
-    def _collect(self, group: WorkerGroup, world_size: int, plan: Any) -> WorkerError | None:
+    def _collect(self, group: WorkerGroup, world_size: int, plan: Any) -> WorkerError | Resize | None:
         pending: dict[int, dict[int, ReportMessage]] = {}
         # Steps committed in this attempt: a dead rank's recovery sends again every report it staged in it
         # (the step records outlive their uploads), those that retention deleted since too.
