@@ -30,8 +30,10 @@ from trainlib._internal.execution.commit import commit_folder, write_metadata
 from trainlib._internal.execution.failures import FailurePolicy, ranks_text, root_cause, straggler_error, worker_error
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
 from trainlib._internal.execution.monitor import PreemptionWatcher, ScalingPolicy
+from trainlib._internal.execution.placement import RankPlan
 from trainlib._internal.execution.spec import AttemptSpec, Placement
 from trainlib._internal.storage.commits import CommittedCheckpoint, merge_manifests
+from trainlib._internal.storage.lease import RunLease
 from trainlib._internal.storage.retention import checkpoints_to_delete, warn_if_unscored
 from trainlib._internal.storage.run_record import RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
@@ -46,11 +48,9 @@ logger = logging.getLogger("trainlib")
 class WorkerGroup(Protocol):
     """The workers of one attempt, as the controller sees them (``RayWorkerGroup``, or a fake in tests)."""
 
-    plan: Any
-
     def start_actors(self) -> None: ...
     def placements(self) -> list[Placement]: ...
-    def start(self, attempt: AttemptSpec) -> Any: ...
+    def start(self, attempt: AttemptSpec) -> RankPlan | None: ...
     def wait(self, timeout: float | None = None) -> list[WorkerMessage]: ...
     def flush(self, timeout: float) -> list[WorkerMessage]: ...
     def shutdown(self) -> None: ...
@@ -71,7 +71,7 @@ class Controller:
                  start_checkpoint: Checkpoint | None = None, metrics_rows: list[dict[str, Any]] | None = None,
                  committed: list[CommittedCheckpoint] | None = None, verbose: bool = True,
                  scaling_policy: ScalingPolicy | None = None, metadata: dict[str, Any] | None = None,
-                 lease: Any = None):
+                 lease: RunLease | None = None):
         self.storage = storage
         self.make_worker_group = make_worker_group
         self.checkpoint_config = checkpoint_config
@@ -86,7 +86,7 @@ class Controller:
         self._node_ids: list[str] = []
         self.callbacks = callbacks
         self.callback_runner = CallbackRunner(callbacks)  # hooks run off the commit path
-        self.lease = lease  # the run's lease (RunLease): checked before each commit
+        self.lease = lease  # checked before each commit
         self._warned_shared: set[str] = set()
         self.run_info = run_info
         self.external_checkpoint = start_checkpoint
@@ -161,11 +161,11 @@ class Controller:
         plan = group.start(AttemptSpec(attempt=self.attempt, storage=self.storage,
                                        checkpoint=self.latest_checkpoint(), first_step=first_step))
         world_size = len(placements)
-        self._node_ids = [placements[i].node_id for i in getattr(plan, "order", range(world_size))]
+        self._node_ids = [placements[i].node_id for i in (plan.order if plan is not None else range(world_size))]
         self.state = RunStatus.RUNNING
         return self._collect(group, world_size, plan)
 
-    def _collect(self, group: WorkerGroup, world_size: int, plan: Any) -> WorkerError | Resize | None:
+    def _collect(self, group: WorkerGroup, world_size: int, plan: RankPlan | None) -> WorkerError | Resize | None:
         pending: dict[int, dict[int, ReportMessage]] = {}
         # Steps committed in this attempt: a dead rank's recovery sends again every report it staged in it
         # (the step records outlive their uploads), those that retention deleted since too.

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
 
 from ray import cloudpickle  # the pickler of train_fn.py
 
 from trainlib._internal.execution.messages import FailedMessage
+from trainlib._internal.execution.placement import RankPlan
 from trainlib.errors import WorkerError
 
 logger = logging.getLogger("trainlib")
@@ -24,10 +24,10 @@ class FailurePolicy:
         return self.max_failures < 0 or failures_so_far <= self.max_failures
 
 
-def worker_error(message: FailedMessage, plan: Any) -> WorkerError:
+def worker_error(message: FailedMessage, plan: RankPlan | None) -> WorkerError:
     """The driver-side error for a rank's failure message (its original exception as ``__cause__``)."""
     rank = message.rank
-    node_ip = plan.node_ips[rank] if plan is not None and hasattr(plan, "node_ips") else ""
+    node_ip = plan.node_ips[rank] if plan is not None else ""
     error = WorkerError(rank=rank, cause=message.cause, traceback_text=message.traceback_text, node_ip=node_ip)
     if message.exception_payload is not None:
         try:
