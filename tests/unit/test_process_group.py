@@ -32,7 +32,11 @@ CHILD = textwrap.dedent("""
         if mode == "other":
             raise RuntimeError("some other gloo error")
         dist.init_process_group(**kwargs)
+        kwargs["store"].set(f"formed/{rank}", "1")
         if mode == "after":  # the group was formed here, but the rank reports a failure as a peer would
+            # Once every peer has formed it too: leaving earlier fails a slower peer's connect for real
+            # (seen on a loaded machine), and that peer then raises its own connect error, not the verdict.
+            kwargs["store"].wait([f"formed/{r}" for r in range(2)])
             dist.destroy_process_group()
             raise RuntimeError("Gloo connectFullMesh failed with [pair.h:301] Connect timeout")
 
