@@ -7,7 +7,9 @@ import json
 import fsspec
 
 import trainlib
-from trainlib._internal.execution.run import open_run, start_run
+from ray import cloudpickle
+
+from trainlib._internal.execution.run import TRAINER_FILE, RestoreExtras, SavedTrainer, open_run, start_run
 from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.storage.run_record import RUN_STATE_FILE, RunFailure, RunRecord, RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
@@ -73,3 +75,27 @@ def test_a_callbacks_state_is_saved_and_handed_back_on_resume(tmp_path):
     second = Remembers("id-2")
     _open_and_start(tmp_path, second, if_exists="resume")
     assert second.loaded == {"id": "id-1"} and second.id == "id-1"
+
+
+def _train(config):
+    return config
+
+
+def test_the_saved_trainer_is_read_back_typed_from_this_and_the_earlier_file_format(tmp_path):
+    scaling = trainlib.ScalingConfig(num_workers=3)
+    extras = RestoreExtras(dataset_config=trainlib.DataConfig(datasets_to_split=["train"]),
+                           dataset_names=("train", "val"), metadata={"team": "a"})
+    opened = open_run(trainlib.RunConfig(name="run", storage_path=str(tmp_path)), "run", restoring=False,
+                      train_fn=TrainFunction.bind(_train, {"lr": 0.5}), train_loop_config={"lr": 0.5},
+                      scaling_config=scaling, extras=extras)
+    saved = SavedTrainer.load(opened.storage)
+    assert saved.train_loop_per_worker({"x": 1}) == {"x": 1} and saved.train_loop_config == {"lr": 0.5}
+    assert saved.scaling_config.num_workers == 3
+    assert saved.extras.dataset_names == ("train", "val") and saved.extras.metadata == {"team": "a"}
+    assert saved.extras.dataset_config._datasets_to_split == ["train"]  # Ray Train keeps it private too
+    # A folder written before the function was bound once: the function and config as they were given, no extras.
+    opened.storage.write_bytes_atomic(opened.storage.join(TRAINER_FILE), cloudpickle.dumps(
+        {"train_loop_per_worker": _train, "train_loop_config": {"lr": 0.1}, "scaling_config": scaling}))
+    earlier = SavedTrainer.load(opened.storage)
+    assert earlier.train_loop_per_worker is _train and earlier.train_loop_config == {"lr": 0.1}
+    assert earlier.extras == RestoreExtras()

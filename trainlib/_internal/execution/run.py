@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ray import cloudpickle  # the pickler of train_fn.py
 
@@ -20,6 +20,7 @@ from trainlib._internal.util.versions import trainlib_version
 from trainlib.callbacks import Callback, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import RunConfig
+from trainlib.data import DataConfig
 from trainlib.scaling import ScalingConfig
 from trainlib.errors import RunExistsError
 from trainlib.result import Result
@@ -29,8 +30,39 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("trainlib")
 
-# The bound training function and the scaling config, for ``restore``.
+# The bound training function, the scaling config and RestoreExtras, for ``restore``: a pickled dict of named
+# fields (the folders of earlier versions hold one too, some with other fields: SavedTrainer.load reads both).
 TRAINER_FILE = "trainer.pkl"
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoreExtras:
+    """What else ``fit()`` stores for ``restore``, besides the function and the scaling config."""
+
+    dataset_config: DataConfig | None = None
+    dataset_names: tuple[str, ...] = ()  # the datasets restore() must be given again (they are not stored)
+    metadata: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedTrainer:
+    """The trainer that ``fit()`` stored in a run folder (:data:`TRAINER_FILE`), as ``restore`` reads it."""
+
+    train_loop_per_worker: Callable[..., Any] | None  # None: a local-mode run whose function or config could not be pickled
+    train_loop_config: dict | None
+    scaling_config: ScalingConfig
+    extras: RestoreExtras
+
+    @classmethod
+    def load(cls, storage: RunStorage) -> SavedTrainer:
+        saved = cloudpickle.loads(storage.fs.cat_file(storage.join(TRAINER_FILE)))
+        if "train_fn" in saved:  # a TrainFunction, or None
+            func, config = saved["train_fn"].unpack() if saved["train_fn"] is not None else (None, None)
+        else:  # a run folder written before the function was bound once
+            func, config = saved["train_loop_per_worker"], saved["train_loop_config"]
+        extras = RestoreExtras(dataset_config=saved.get("dataset_config"),
+                               dataset_names=tuple(saved.get("dataset_names") or ()), metadata=saved.get("metadata"))
+        return cls(func, config, saved["scaling_config"], extras)
 
 
 @dataclasses.dataclass
@@ -57,7 +89,7 @@ def run_storage(run_config: RunConfig, name: str) -> RunStorage:
 
 def open_run(run_config: RunConfig, name: str, *, restoring: bool, train_fn: TrainFunction | None,
              train_loop_config: dict | None, scaling_config: ScalingConfig,
-             storage: RunStorage | None = None, extras: dict[str, Any] | None = None) -> OpenedRun:
+             storage: RunStorage | None = None, extras: RestoreExtras | None = None) -> OpenedRun:
     """Create the run folder, or resume or overwrite the one there per ``RunConfig.if_exists``.
 
     ``fit()`` passes the ``storage`` whose lease it holds, so no other driver changes the folder meanwhile.
@@ -93,9 +125,8 @@ def open_run(run_config: RunConfig, name: str, *, restoring: bool, train_fn: Tra
         train_loop_config=train_loop_config, scaling_config=public_fields(scaling_config),
         checkpoint_config=public_fields(rc.checkpoint_config), failure_config=public_fields(rc.failure_config),
     )
-    storage.write_bytes_atomic(storage.join(TRAINER_FILE),
-                               cloudpickle.dumps({"train_fn": train_fn, "scaling_config": scaling_config,
-                                                  **(extras or {})}))
+    saved = {"train_fn": train_fn, "scaling_config": scaling_config, **public_fields(extras or RestoreExtras())}
+    storage.write_bytes_atomic(storage.join(TRAINER_FILE), cloudpickle.dumps(saved))
     return OpenedRun(storage, record, [], [])
 
 
@@ -174,19 +205,3 @@ def _save_callback_states(record: RunRecord, callbacks: list[Callback]) -> bool:
             record.callbacks[callback.state_key] = dict(state)
             changed = True
     return changed
-
-
-def load_trainer_extras(storage: RunStorage) -> dict[str, Any]:
-    """What else ``fit()`` stored for ``restore``: the dataset config, the dataset names, the metadata."""
-    saved = cloudpickle.loads(storage.fs.cat_file(storage.join(TRAINER_FILE)))
-    return {k: saved.get(k) for k in ("dataset_config", "dataset_names", "metadata")}
-
-
-def load_trainer_file(storage: RunStorage) -> tuple[Any, dict | None, ScalingConfig]:
-    """The training function, its config and the scaling config that ``fit()`` stored for ``restore``."""
-    saved = cloudpickle.loads(storage.fs.cat_file(storage.join(TRAINER_FILE)))
-    if "train_fn" in saved:  # None: a local-mode run whose function could not be pickled
-        func, config = saved["train_fn"].unpack() if saved["train_fn"] is not None else (None, None)
-    else:  # a run folder written before the function was bound once
-        func, config = saved["train_loop_per_worker"], saved["train_loop_config"]
-    return func, config, saved["scaling_config"]

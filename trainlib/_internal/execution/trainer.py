@@ -19,9 +19,9 @@ from trainlib._internal.execution.monitor import ScalingPolicy
 from trainlib._internal.execution.placement import available_workers
 from trainlib._internal.execution.run import (
     TRAINER_FILE,
+    RestoreExtras,
+    SavedTrainer,
     close_run,
-    load_trainer_extras,
-    load_trainer_file,
     open_run,
     run_storage,
     start_run,
@@ -146,8 +146,8 @@ class DataParallelTrainer:
         recorded_config = self._recorded_config()
         run = open_run(rc, storage.name, restoring=self._restoring, train_fn=self._train_fn,
                        train_loop_config=recorded_config, scaling_config=self.scaling_config, storage=storage,
-                       extras={"dataset_config": self.dataset_config, "dataset_names": sorted(self.datasets or {}),
-                               "metadata": self.metadata})
+                       extras=RestoreExtras(dataset_config=self.dataset_config,
+                                            dataset_names=tuple(sorted(self.datasets or {})), metadata=self.metadata))
         start_from = storage.uri(run.committed[-1].path) if run.committed else (
             self.resume_from_checkpoint.uri if self.resume_from_checkpoint else None)
         run_info = RunInfo(
@@ -241,8 +241,8 @@ class DataParallelTrainer:
         """
         storage = RunStorage.open_existing(path, storage_filesystem, storage_options,
                                            caller=f"{cls.__name__}.restore")
-        saved_func, saved_config, saved_scaling = load_trainer_file(storage)
-        if saved_func is None and train_loop_per_worker is None:
+        saved = SavedTrainer.load(storage)
+        if saved.train_loop_per_worker is None and train_loop_per_worker is None:
             raise ValueError(f"{cls.__name__}.restore({os.fspath(path)!r}): the run ran in local mode with a training "
                              "function or config that cannot be pickled, so neither was stored: pass them again, "
                              "restore(path, train_loop_per_worker=train_func, train_loop_config={...}).")
@@ -254,16 +254,15 @@ class DataParallelTrainer:
             failure_config=FailureConfig(**record.failure_config), if_exists="resume",
             worker_runtime_env=worker_runtime_env,
         )
-        extras = load_trainer_extras(storage)
-        missing = sorted(set(extras.get("dataset_names") or []) - set(datasets or {}))
+        missing = sorted(set(saved.extras.dataset_names) - set(datasets or {}))
         if missing:
             raise ValueError(f"{cls.__name__}.restore({os.fspath(path)!r}): the run trained on datasets {missing}; "
                              "pass them again: restore(path, datasets={...}).")
         trainer = cls(
-            train_loop_per_worker or saved_func,
-            train_loop_config=train_loop_config if train_loop_config is not None else saved_config,
-            scaling_config=scaling_config or saved_scaling, run_config=run_config, datasets=datasets,
-            dataset_config=extras.get("dataset_config"), metadata=extras.get("metadata"),
+            train_loop_per_worker or saved.train_loop_per_worker,
+            train_loop_config=train_loop_config if train_loop_config is not None else saved.train_loop_config,
+            scaling_config=scaling_config or saved.scaling_config, run_config=run_config, datasets=datasets,
+            dataset_config=saved.extras.dataset_config, metadata=saved.extras.metadata,
         )
         trainer._restoring = True
         return trainer
