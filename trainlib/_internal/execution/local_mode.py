@@ -101,14 +101,22 @@ class LocalWorkerGroup:
         return self._attempts.get()
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalOutcome:
+    """How a local-mode run ended: the function's return value or exception, and the controller's exception."""
+
+    value: Any = None
+    error: BaseException | None = None  # the function's own, KeyboardInterrupt included
+    controller_error: BaseException | None = None  # storage, a lost lease, a callback
+
+
 def run_in_this_process(group: LocalWorkerGroup, run_controller: Callable[[], None], func: Callable[[], Any],
                         backend: Any, use_gpu: bool, metadata: dict[str, Any] | None,
-                        dataset_shards: dict[str, Any] | None) -> tuple[Any, BaseException | None, BaseException | None]:
+                        dataset_shards: dict[str, Any] | None) -> LocalOutcome:
     """Run the controller in a helper thread and ``func`` here, as rank 0 of 1.
 
-    Returns ``(return value, the function's exception, the controller's exception)``. The function's own
-    exception, KeyboardInterrupt included, ends its session as a worker failure would; a controller that
-    fails (storage, a lost lease) stops the function at its next ``report()``.
+    The function's own exception, KeyboardInterrupt included, ends its session as a worker failure would; a
+    controller that fails (storage, a lost lease) stops the function at its next ``report()``.
     """
     controller_error: list[BaseException] = []
 
@@ -127,7 +135,7 @@ def run_in_this_process(group: LocalWorkerGroup, run_controller: Callable[[], No
     attempt = group.next_attempt()
     if attempt is None:  # the controller failed before the attempt (e.g. storage): nothing ran
         thread.join()
-        return None, None, controller_error[0] if controller_error else None
+        return LocalOutcome(controller_error=controller_error[0] if controller_error else None)
     info = WorkerInfo(world_rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                       gpu_index=0 if use_gpu else None)
     session = WorkerSession(info, attempt, group.outbox, metadata=metadata, dataset_shards=dataset_shards)
@@ -147,7 +155,7 @@ def run_in_this_process(group: LocalWorkerGroup, run_controller: Callable[[], No
     finally:
         set_session(None)
     thread.join()
-    return value, error, controller_error[0] if controller_error else None
+    return LocalOutcome(value, error, controller_error[0] if controller_error else None)
 
 
 def fit_in_this_process(trainer: "DataParallelTrainer", run: OpenedRun, run_info: RunInfo, lease: Any) -> Result:
@@ -171,11 +179,12 @@ def fit_in_this_process(trainer: "DataParallelTrainer", run: OpenedRun, run_info
               for name, ds in (trainer.datasets or {}).items()}
     func = TrainFunction.in_process(trainer.train_loop_per_worker, trainer.train_loop_config)
     try:
-        value, error, controller_error = run_in_this_process(
+        outcome = run_in_this_process(
             group, controller.run, func, trainer.backend, trainer.scaling_config.use_gpu, trainer.metadata, shards or None)
     except BaseException as exc:  # Ctrl-C while the last reports were committed
         close_run(run, rc, run_info, controller, exc)
         raise
+    error, controller_error = outcome.error, outcome.controller_error
     if error is not None and error is not controller_error and (
             controller_error is None or isinstance(controller_error, WorkerGroupError)):
         close_run(run, rc, run_info, controller, error)
@@ -184,5 +193,5 @@ def fit_in_this_process(trainer: "DataParallelTrainer", run: OpenedRun, run_info
         failure = controller_error if isinstance(controller_error, TrainlibError) else ControllerError(controller_error)
         close_run(run, rc, run_info, controller, failure)
         raise failure from (None if failure is controller_error else controller_error)
-    controller.return_value = value
+    controller.return_value = outcome.value
     return close_run(run, rc, run_info, controller, None)
