@@ -184,6 +184,42 @@ def test_forward_in_batches_shares_the_batches_among_threads_of_one_intra_op_thr
         forward_in_batches(network, images, failing, batch_size=50)
 
 
+def test_many_images_are_scored_by_a_copy_with_the_batch_norms_folded_and_give_the_same_outputs(monkeypatch):
+    from tasks.domain import classifier_network
+    from tasks.domain.classifier_network import build_network, folded_copy, forward_in_batches
+
+    torch.manual_seed(0)
+    network = build_network(10, "resnet18-1ch-small")
+    for module in network.modules():  # trained-like statistics, so that folding changes every convolution
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+            module.weight.data.uniform_(0.5, 1.5)
+            module.bias.data.uniform_(-0.2, 0.2)
+    before = {name: value.clone() for name, value in network.state_dict().items()}
+    images = torch.randint(0, 256, (300, 28, 28), dtype=torch.uint8)
+    prepare = lambda batch: batch.unsqueeze(1).float() / 255  # noqa: E731
+    norms_run = []  # BatchNorm modules that ran, in any thread
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, *_: norms_run.append(module) if isinstance(module, torch.nn.BatchNorm2d) else None)
+    try:
+        plain = forward_in_batches(network, images, prepare, batch_size=100)  # fewer than FOLD_FROM_IMAGES
+        assert len(norms_run) == 3 * 20  # 3 batches through the network as it is
+        norms_run.clear()
+        monkeypatch.setattr(classifier_network, "FOLD_FROM_IMAGES", 300)
+        folded = forward_in_batches(network, images, prepare, batch_size=100)
+        assert norms_run == []  # no BatchNorm left to run
+    finally:
+        hook.remove()
+    assert torch.allclose(folded, plain, atol=1e-5) and torch.equal(folded.argmax(1), plain.argmax(1))
+    # The network itself is untouched: the same weights and statistics, to be saved, registered or trained.
+    after = network.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[name], before[name]) for name in before)
+    copy_state = folded_copy(network).state_dict()
+    assert not any(".bn" in name or name.startswith("bn") for name in copy_state)
+    assert "conv1.bias" in copy_state and "layer2.0.downsample.0.bias" in copy_state
+
+
 def write_idx(path, pixels):
     payload = struct.pack(">IIII", 0x803, len(pixels), 28, 28) + pixels.tobytes()
     with open(path, "wb") as f:
