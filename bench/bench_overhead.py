@@ -47,6 +47,8 @@ import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = os.path.join(REPO, "bench", "jobs")
+DATA = os.path.join(REPO, "..", "shared", "datasets", "fashion-mnist")  # the offline mirror beside the repository
+RESULTS = os.path.join(REPO, "bench", "results")
 sys.path.insert(0, REPO)
 
 VARIANTS = {
@@ -75,9 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"comma-separated subset of {','.join(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)}; "
                              "trainlib_base comes with --baseline)")
-    parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "datasets", "fashion-mnist"),
+    parser.add_argument("--data", default=DATA,
                         help="folder with FashionMNIST's four .gz files (default ../shared/datasets/fashion-mnist)")
-    parser.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"),
+    parser.add_argument("--results-dir", default=RESULTS,
                         help="where overhead.json and overhead.md go (default bench/results)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take (default 900)")
     parser.add_argument("--sample-interval", type=float, default=0.2, help="memory sampling period in seconds")

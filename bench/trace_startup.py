@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from bench_overhead import REPO, command, job_env
+from bench_overhead import DATA, REPO, RESULTS, command, job_env
 from results_files import write_results
 
 TRACER = os.path.join(REPO, "bench", "startup_trace")
@@ -86,8 +86,8 @@ def phases_of_run(variant: str, trace_dir: str, out: str) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "datasets", "fashion-mnist"))
-    parser.add_argument("--results-dir", default=os.path.join(REPO, "bench", "results"))
+    parser.add_argument("--data", default=DATA, help="folder with FashionMNIST's four .gz files")
+    parser.add_argument("--results-dir", default=RESULTS)
     args = parser.parse_args()
     from tasks.domain.torchvision_layout import torchvision_layout
 
