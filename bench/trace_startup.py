@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import shutil
 import statistics
@@ -54,8 +55,6 @@ def read_events(trace_dir: str) -> dict[int, list[tuple[float, str]]]:
 
 def phases_of_run(variant: str, trace_dir: str, out: str) -> dict[str, float]:
     """Seconds from the main process's first line of Python to the end of each phase, for one run."""
-    import json
-
     events = read_events(trace_dir)
     # The main process is the first to start; the workers are those that imported the job's module.
     main_pid = min(events, key=lambda pid: events[pid][0][0])

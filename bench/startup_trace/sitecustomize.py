@@ -16,14 +16,12 @@ import sys
 import time
 
 TRACE_DIR = os.environ.get("TRAINLIB_TRACE_DIR")
-WATCHED_IMPORTS = {"torch", "torch._dynamo", "torchvision", "ray", "trainlib", "common",
-                   "trainlib._internal.execution.worker_setup"}
-# module -> (object in it, or "" for the module itself; functions to time)
+# What bench/trace_startup.py reads: these imports, and calls of these functions (module -> (object in it, or
+# "" for the module itself; function)).
+WATCHED_IMPORTS = {"torch", "torchvision", "ray"}
 WATCHED_CALLS = {
-    "ray": [("", ["init"])],
-    "trainlib._internal.execution.run": [("", ["open_run", "start_run", "close_run"])],
-    "trainlib._internal.execution.worker": [("TrainWorker", ["__init__", "start", "_run"])],
-    "trainlib._internal.execution.worker_group": [("RayWorkerGroup", ["submit_actors", "placements", "start"])],
+    "ray": ("", "init"),
+    "trainlib._internal.execution.worker": ("TrainWorker", "__init__"),
 }
 _log = None
 
@@ -71,10 +69,10 @@ class _Finder(importlib.abc.MetaPathFinder):
                     exec_module(module)
                     if name in WATCHED_IMPORTS:
                         event(f"imported {name}")
-                    for owner_name, functions in WATCHED_CALLS.get(name, []):
-                        owner = getattr(module, owner_name) if owner_name else module
-                        for function in functions:
-                            _timed(owner, function, f"{owner_name or name}.{function}")
+                    if name in WATCHED_CALLS:
+                        owner_name, function = WATCHED_CALLS[name]
+                        _timed(getattr(module, owner_name) if owner_name else module, function,
+                               f"{owner_name or name}.{function}")
                 try:  # on the loader instance, so that its type (and package resources) stay the same
                     spec.loader.exec_module = traced
                 except AttributeError:
