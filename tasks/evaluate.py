@@ -38,7 +38,9 @@ def evaluate(training: TrainingOutcome, dataset: StagedDataset, cache_dir: str, 
     elif champion.accuracy is None:
         versus = f"champion version {champion.version} could not be scored: {champion.error}"
     else:
-        versus = f"champion version {champion.version}: {champion.accuracy:.2%} on the same images"
+        how = ("recorded at its registration; its labels for the probe images match" if champion.recorded
+               else "scored now")
+        versus = f"champion version {champion.version}: {champion.accuracy:.2%} on the same images ({how})"
     logger.info("Current champion of %s: %s (test data md5 %s)", model_name, versus, comparison.test_data_md5)
     if training.mlflow_run_id:
         names = log_evaluation_to_mlflow(report, training.history, training.mlflow_run_id, tracking_uri)

@@ -1,8 +1,9 @@
 """The champion/challenger promotion rule for registered models. Runs wherever the register task runs.
 
 A new version always becomes the ``challenger``; it takes ``champion`` only when its test
-accuracy beats the current champion's, measured on the same test images in the same run
-(the evaluate step scores both), by at least ``min_margin``. A tie or a smaller win keeps the
+accuracy beats the current champion's on the same test images, by at least ``min_margin``
+(the evaluate step scores both, or takes the champion's accuracy recorded on those images when it
+still predicts as it did: :func:`tasks.domain.model_registry.score_champion`). A tie or a smaller win keeps the
 champion, so a re-run of the same model never churns the alias. No Prefect, no MLflow here.
 
 Example::
@@ -20,6 +21,10 @@ import math
 CHALLENGER_ALIAS = "challenger"
 CHAMPION_ALIAS = "champion"
 ACCURACY_TAG = "test_accuracy"
+# A version's labels for the first PROBE_IMAGES test images, as registered: a later run whose probe of the
+# loaded champion gives the same labels on the same test files takes its recorded accuracy (model_registry).
+PROBE_TAG = "test_probe_labels_md5"
+PROBE_IMAGES = 256
 DEFAULT_MIN_MARGIN = 0.0  # the challenger must be strictly better; raise it to ignore noise-sized wins
 
 
@@ -31,11 +36,15 @@ class ChampionScore:
         version: the champion's version, or None when there is no champion.
         accuracy: its accuracy on those images; None when there is no champion or it could not be scored.
         error: why it could not be scored (e.g. a version registered in an old format), else None.
+        recorded: ``accuracy`` is the one recorded when the champion was registered, on the same test files and
+            as many images, taken because the loaded champion gave its recorded labels for the probe images;
+            False when it was scored on every image now.
     """
 
     version: str | None
     accuracy: float | None = None
     error: str | None = None
+    recorded: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

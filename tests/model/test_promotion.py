@@ -45,13 +45,14 @@ def _evaluate_and_register(registry, network, name: str, min_margin: float):
     from tasks.domain.dataset_registry import get_dataset_spec
     from tasks.domain.evaluation import evaluate_model
     from tasks.domain.model_package import ModelCard
-    from tasks.domain.model_registry import Comparison, register_and_promote, score_champion
+    from tasks.domain.model_registry import Comparison, probe_digest, register_and_promote, score_champion
 
     images, labels = real_images(False, N_TEST)
     training = _challenger(registry, network, name)
     report = evaluate_model(network, images, labels, get_dataset_spec("fashion-mnist").class_names)
-    champion = score_champion(MODEL_NAME, registry["uri"], images, labels)
-    comparison = Comparison(report=report, champion=champion, test_data_md5="test-md5")
+    champion = score_champion(MODEL_NAME, registry["uri"], images, labels, "test-md5")
+    comparison = Comparison(report=report, champion=champion, test_data_md5="test-md5",
+                            probe=probe_digest(network, images))
     card = ModelCard(dataset=dataset_identity(), recipe={"name": name})
     return report, champion, register_and_promote(training, comparison, card, MODEL_NAME, registry["uri"],
                                                   min_margin=min_margin)
@@ -76,6 +77,9 @@ def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry
     # The same network again: scored champion == challenger on the same images -> a tie keeps version 1.
     report2, champion2, tie = _evaluate_and_register(registry, weak, "weak-again", min_margin=0.0)
     assert champion2.version == "1" and champion2.accuracy == pytest.approx(report2.accuracy, abs=1e-12)
+    # Same test files, as many images, and the loaded champion gave its registered labels for the probe images:
+    # its recorded accuracy is taken instead of scoring it on every image again.
+    assert champion2.recorded
     assert champion2.accuracy == pytest.approx(report1.accuracy, abs=1e-12)  # same images, same model
     assert not tie.decision.promote and str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) == "1"
     tags = client.get_model_version(MODEL_NAME, tie.version).tags
@@ -104,3 +108,38 @@ def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry
     logged = client.search_logged_models(experiment_ids=[experiment.experiment_id])
     assert len(logged) == 4 and all(m.artifact_location.startswith(experiment.artifact_location) for m in logged)
     assert not (tmp_path / "mlruns").exists(), sorted(p.name for p in tmp_path.iterdir())
+
+    # The recorded accuracy is taken only when it is for these images and the champion still predicts as it did:
+    # other test files, fewer images, or other labels for the probe images, and it is scored on every image.
+    from tasks.domain.model_registry import score_champion
+    from tasks.domain.promotion import PROBE_TAG
+
+    images, labels = real_images(False, N_TEST)
+    strong_accuracy = round(float(tags["test_accuracy"]) * N_TEST) / N_TEST  # k / n, as the tag rounds it
+    recorded = score_champion(MODEL_NAME, registry["uri"], images, labels, "test-md5")
+    assert recorded.recorded and recorded.accuracy == pytest.approx(strong_accuracy, abs=1e-12)
+    other_files = score_champion(MODEL_NAME, registry["uri"], images, labels, "other-md5")
+    assert not other_files.recorded and other_files.accuracy == pytest.approx(strong_accuracy, abs=1e-12)
+    fewer = score_champion(MODEL_NAME, registry["uri"], images[:200], labels[:200], "test-md5")
+    assert not fewer.recorded
+    from tasks.domain.evaluation import evaluate_model
+
+    assert fewer.accuracy == pytest.approx(evaluate_model(strong, images[:200], labels[:200], [str(i) for i in range(10)])
+                                           .accuracy, abs=1e-12)
+    client.set_model_version_tag(MODEL_NAME, promoted.version, PROBE_TAG, "0" * 32)
+    other_labels = score_champion(MODEL_NAME, registry["uri"], images, labels, "test-md5")
+    assert not other_labels.recorded and other_labels.accuracy == pytest.approx(strong_accuracy, abs=1e-12)
+
+
+def test_recorded_accuracy_is_exact_and_only_for_the_same_files_images_and_probe():
+    from tasks.domain.model_registry import recorded_accuracy
+    from tasks.domain.promotion import ACCURACY_TAG, PROBE_TAG
+
+    tags = {ACCURACY_TAG: "0.333333", "test_images": "3", "test_data_md5": "m", PROBE_TAG: "p"}
+    assert recorded_accuracy(tags, "m", 3, "p") == 1 / 3  # k / n again, not the rounded tag: a tie stays a tie
+    assert recorded_accuracy(tags, "m", 4, "p") is None
+    assert recorded_accuracy(tags, "other", 3, "p") is None
+    assert recorded_accuracy(tags, None, 3, "p") is None
+    assert recorded_accuracy(tags, "m", 3, "q") is None
+    assert recorded_accuracy({**tags, ACCURACY_TAG: "n/a"}, "m", 3, "p") is None
+    assert recorded_accuracy({k: v for k, v in tags.items() if k != PROBE_TAG}, "m", 3, "p") is None

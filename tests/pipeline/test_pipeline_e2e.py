@@ -287,6 +287,11 @@ def test_main_command_and_a_killed_then_retried_deployment_run_share_one_registr
     # Nothing was downloaded again: the main command's download filled the home's cache.
     downloads = [t["id"] for t in tasks if t["name"].startswith("download-dataset-")]
     assert any("4 file(s) from the cache" in m for m in _logs(services, task_run_id=downloads))
+    # The champion was loaded and gave its registered labels for the probe images, so its accuracy recorded on
+    # these test images was taken, not scored again (tests/model/test_promotion.py: when it is scored).
+    evaluations = [t["id"] for t in tasks if t["name"].startswith("evaluate-")]
+    assert any("on the same images (recorded at its registration" in m
+               for m in _logs(services, task_run_id=evaluations)), _logs(services, task_run_id=evaluations)
     # Rank 0's progress reached the flow run's log (so the terminal and the UI) in more than one epoch.
     # Whether a line falls inside an epoch depends on the machine's speed (lines come every 10 s):
     # the unit test of ProgressMeter pins the in-epoch publication.
