@@ -30,14 +30,22 @@ PREFECT_TEST_SERVER_ENV = {
 
 def process_gone(proc, timeout: float) -> bool:
     """Whether the ``psutil.Process`` ``proc`` exits (or is a zombie) within ``timeout`` seconds."""
-    import psutil
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+        if not pid_running(proc.pid):
             return True
         time.sleep(0.05)
     return False
+
+
+def pid_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie, whenever it exits (between two reads of /proc too)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # gone, or exited between psutil's reads (CI saw it fail a test, 2026-12-06)
+        return False
 
 
 _handed_out: set[int] = set()

@@ -16,7 +16,7 @@ import time
 
 import psutil
 import pytest
-from conftest import REPO_ROOT, TESTS_DIR
+from conftest import REPO_ROOT, TESTS_DIR, pid_running
 from malloc_probe import PAGES
 
 SCRIPT = r"""
@@ -223,8 +223,7 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     while _session_processes(state["session_dir"]) and time.time() < deadline:
         time.sleep(0.5)
     assert _session_processes(state["session_dir"]) == []
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in state["stand_in_pids"])  # nor the stand-in, whose command names no session
+    assert not any(pid_running(pid) for pid in state["stand_in_pids"])  # nor the stand-in, whose command names no session
 
 
 SERIALIZERS_SCRIPT = r"""

@@ -6,12 +6,12 @@ import os
 import threading
 import time
 
-import psutil
 import pytest
 import torch
 
 import trainlib
 import trainlib.torch as trainlib_torch
+from conftest import pid_running
 from error_train_funcs import failing_train_func, label_train_func
 from trainlib import DataParallelTrainer
 from trainlib.torch import TorchTrainer
@@ -39,7 +39,7 @@ def test_fit_raises_with_the_failing_rank_and_its_traceback_and_stops_the_others
     # Every worker process is gone, the sleeping rank 0 included.
     pids = [int((tmp_path / f"rank{r}.pid").read_text()) for r in (0, 1)]
     deadline = time.monotonic() + 10
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+    while any(pid_running(p) for p in pids):
         assert time.monotonic() < deadline, f"worker processes {pids} still alive"
         time.sleep(0.2)
     # The run is recorded as failed, with what it reported before.
