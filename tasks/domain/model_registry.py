@@ -10,9 +10,10 @@ test data's md5 are kept as tags on the new version.
 
 Example::
 
-    champion = score_champion("fashion-mnist-resnet18", tracking_uri, images, labels)
-    registration = register_and_promote(training, Comparison(report, champion, md5), card,
-                                        "fashion-mnist-resnet18", tracking_uri, min_margin=0.002)
+    champion = score_champion("fashion-mnist-resnet18", tracking_uri, images, labels, md5)
+    comparison = Comparison(report, champion, md5, probe=probe_digest(network, images))
+    registration = register_and_promote(training, comparison, card, "fashion-mnist-resnet18", tracking_uri,
+                                        min_margin=0.002)
 """
 
 from __future__ import annotations
