@@ -98,7 +98,8 @@ def score_champion(model_name: str, tracking_uri: str, images: torch.Tensor, lab
     The champion is loaded and predicts the first :data:`PROBE_IMAGES` images. When its version records an
     accuracy on the same test files (``test_data_md5``) and as many images, and the probe's labels are the
     ones it recorded at registration, that accuracy is taken (``recorded=True``): scoring every image again
-    would give the same number, ~3.5 s later on 2 cores. Otherwise it predicts every image.
+    would give the same number, ~3.5 s later on 2 cores. Otherwise it predicts every image; when that gives the
+    accuracy its tags record for these files, the probe's labels are recorded on it for the next run.
     A champion that cannot be loaded or cannot predict raw images (e.g. registered by an
     older pipeline) gets ``accuracy=None`` and the reason in ``error``.
     """
@@ -126,7 +127,28 @@ def score_champion(model_name: str, tracking_uri: str, images: torch.Tensor, lab
         return ChampionScore(version=str(version.version),
                              error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
     accuracy = float((torch.as_tensor(predicted.copy()) == labels).double().mean())
+    _record_probe(version, test_data_md5, len(images), label_digest(probe), accuracy, tracking_uri)
     return ChampionScore(version=str(version.version), accuracy=accuracy)
+
+
+def _record_probe(version: Any, test_data_md5: str | None, num_images: int, probe: str, accuracy: float,
+                  tracking_uri: str) -> None:
+    """Record ``probe`` on a champion just scored on every image to the accuracy its tags hold for these files.
+
+    A champion registered before probes were recorded (or whose tag was lost) then takes the short path from
+    the next run on. Best effort: without the tag the next run scores it on every image again.
+    """
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    if version.tags.get(PROBE_TAG) == probe:
+        return
+    if recorded_accuracy({**version.tags, PROBE_TAG: probe}, test_data_md5, num_images, probe) != accuracy:
+        return  # its tags are for other images, or not what it scores: they are not to be taken later
+    try:
+        MlflowClient(tracking_uri=tracking_uri).set_model_version_tag(version.name, version.version, PROBE_TAG, probe)
+    except MlflowException:
+        pass
 
 
 def label_digest(labels: torch.Tensor) -> str:

@@ -126,9 +126,21 @@ def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry
 
     assert fewer.accuracy == pytest.approx(evaluate_model(strong, images[:200], labels[:200], [str(i) for i in range(10)])
                                            .accuracy, abs=1e-12)
+    probe = client.get_model_version(MODEL_NAME, promoted.version).tags[PROBE_TAG]
+    assert probe != "0" * 32  # neither the other files nor fewer images changed the champion's recorded probe
     client.set_model_version_tag(MODEL_NAME, promoted.version, PROBE_TAG, "0" * 32)
     other_labels = score_champion(MODEL_NAME, registry["uri"], images, labels, "test-md5")
     assert not other_labels.recorded and other_labels.accuracy == pytest.approx(strong_accuracy, abs=1e-12)
+    # Scored on every image to the accuracy its tags record for these files: its probe is recorded again (as for
+    # a champion registered before probes were), so the next run takes the recorded accuracy.
+    assert client.get_model_version(MODEL_NAME, promoted.version).tags[PROBE_TAG] == probe
+    assert score_champion(MODEL_NAME, registry["uri"], images, labels, "test-md5").recorded
+    # Tags that do not hold what it scores are never made takeable.
+    client.set_model_version_tag(MODEL_NAME, promoted.version, "test_accuracy", "0.001000")
+    client.delete_model_version_tag(MODEL_NAME, promoted.version, PROBE_TAG)
+    wrong_tag = score_champion(MODEL_NAME, registry["uri"], images, labels, "test-md5")
+    assert not wrong_tag.recorded and wrong_tag.accuracy == pytest.approx(strong_accuracy, abs=1e-12)
+    assert PROBE_TAG not in client.get_model_version(MODEL_NAME, promoted.version).tags
 
 
 def test_recorded_accuracy_is_exact_and_only_for_the_same_files_images_and_probe():
