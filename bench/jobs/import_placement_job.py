@@ -1,4 +1,4 @@
-"""The tutorial's job on trainlib, torchvision imported inside the training function; run by bench/bench_import_placement.py.
+"""The benchmarks' job (bench/jobs/common.py) on trainlib, imported inside the training function; run by bench/bench_import_placement.py.
 
 ``--driver-imports torchvision`` imports it in the driver first, as the tutorial's top-level import does: the
 two variants differ only in whether the driver pays for that import before ``fit()`` starts Ray. Prints one
@@ -16,39 +16,22 @@ import importlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 
-import torch  # noqa: E402
-
 STEPS = 3
 
 
 def train_func(config: dict) -> None:
+    # The job's own module (torchvision at its top) is imported here, in the workers only.
+    from common import BATCH_SIZE, build_dataset, build_model, train_steps
     from torch.utils.data import DataLoader
-    from torchvision.datasets import FashionMNIST
-    from torchvision.models import resnet18
-    from torchvision.transforms import Compose, Normalize, ToTensor
 
     import trainlib
     import trainlib.torch
 
-    model = resnet18(num_classes=10)
-    model.conv1 = torch.nn.Conv2d(1, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
-    model = trainlib.torch.prepare_model(model)
-    criterion = torch.nn.CrossEntropyLoss()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    data = FashionMNIST(root=config["data_root"], train=True, download=False,
-                        transform=Compose([ToTensor(), Normalize((0.28604,), (0.32025,))]))
-    loader = trainlib.torch.prepare_data_loader(DataLoader(data, batch_size=128, shuffle=True))
-    first_step = None
-    for step, (images, labels) in enumerate(loader):
-        if first_step is None:
-            first_step = time.time()
-        loss = criterion(model(images), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step + 1 == STEPS:
-            break
-    trainlib.report({"first_step": first_step})
+    model = trainlib.torch.prepare_model(build_model())
+    loader = DataLoader(build_dataset(config["data_root"]), batch_size=BATCH_SIZE, shuffle=True)
+    loader = trainlib.torch.prepare_data_loader(loader)
+    stamps = train_steps(model, loader, STEPS, loader.sampler.set_epoch)
+    trainlib.report({"first_step": stamps["first_step_start"]})
 
 
 def main() -> None:
