@@ -40,6 +40,8 @@ from tasks.domain.promotion import (
     DEFAULT_MIN_MARGIN,
     PROBE_IMAGES,
     PROBE_TAG,
+    TEST_DATA_MD5_TAG,
+    TEST_IMAGES_TAG,
     ChampionScore,
     PromotionDecision,
     decide_promotion,
@@ -83,10 +85,16 @@ def find_version_of_run(client: Any, model_name: str, run_id: str) -> str | None
 
 def champion_version(client: Any, model_name: str) -> str | None:
     """The version the ``champion`` alias points to, or None (no such model or alias)."""
+    champion = champion_model_version(client, model_name)
+    return None if champion is None else str(champion.version)
+
+
+def champion_model_version(client: Any, model_name: str) -> Any | None:
+    """The MLflow ``ModelVersion`` (with its tags) the ``champion`` alias points to, or None."""
     from mlflow.exceptions import MlflowException
 
     try:
-        return str(client.get_model_version_by_alias(model_name, CHAMPION_ALIAS).version)
+        return client.get_model_version_by_alias(model_name, CHAMPION_ALIAS)
     except MlflowException:
         return None
 
@@ -105,21 +113,19 @@ def score_champion(model_name: str, tracking_uri: str, images: torch.Tensor, lab
     """
     import mlflow
     from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
 
     from trainlib.mlflow import using_tracking_uri
 
-    try:
-        version = MlflowClient(tracking_uri=tracking_uri).get_model_version_by_alias(model_name, CHAMPION_ALIAS)
-    except MlflowException:
+    version = champion_model_version(MlflowClient(tracking_uri=tracking_uri), model_name)
+    if version is None:
         return ChampionScore(version=None)
     try:
         with using_tracking_uri(tracking_uri):
             # No check of its pinned packages against this Python (MLflow scans every installed package for
             # it, ~1.7 s): the champion is scored here, not served; the scoring flow checks them.
             model = mlflow.pyfunc.load_model(f"models:/{model_name}/{version.version}", suppress_warnings=True)
-        probe = torch.as_tensor(model.predict(images[:PROBE_IMAGES].numpy())["label"].to_numpy().copy())
-        recorded = recorded_accuracy(version.tags, test_data_md5, len(images), label_digest(probe))
+        probe = label_digest(torch.as_tensor(model.predict(images[:PROBE_IMAGES].numpy())["label"].to_numpy().copy()))
+        recorded = recorded_accuracy(version.tags, test_data_md5, len(images), probe)
         if recorded is not None:
             return ChampionScore(version=str(version.version), accuracy=recorded, recorded=True)
         predicted = model.predict(images.numpy())["label"].to_numpy()
@@ -127,7 +133,7 @@ def score_champion(model_name: str, tracking_uri: str, images: torch.Tensor, lab
         return ChampionScore(version=str(version.version),
                              error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
     accuracy = float((torch.as_tensor(predicted.copy()) == labels).double().mean())
-    _record_probe(version, test_data_md5, len(images), label_digest(probe), accuracy, tracking_uri)
+    _record_probe(version, test_data_md5, len(images), probe, accuracy, tracking_uri)
     return ChampionScore(version=str(version.version), accuracy=accuracy)
 
 
@@ -168,10 +174,10 @@ def recorded_accuracy(tags: dict[str, str], test_data_md5: str | None, num_image
 
     Exact: ``k / num_images``, recovered from the 6-decimal tag, so a tie with a challenger stays a tie.
     """
-    if not test_data_md5 or tags.get("test_data_md5") != test_data_md5 or tags.get(PROBE_TAG) != probe:
+    if not test_data_md5 or tags.get(TEST_DATA_MD5_TAG) != test_data_md5 or tags.get(PROBE_TAG) != probe:
         return None
     try:
-        if int(tags.get("test_images", "")) != num_images:
+        if int(tags.get(TEST_IMAGES_TAG, "")) != num_images:
             return None
         accuracy = float(tags[ACCURACY_TAG])
     except (KeyError, ValueError):
@@ -235,7 +241,7 @@ def register_and_promote(training: TrainingOutcome, comparison: Comparison, card
         decision = decide_promotion(report.accuracy, champion.accuracy, champion.version, min_margin,
                                     champion.error)
     tags = {ACCURACY_TAG: f"{report.accuracy:.6f}", "test_loss": f"{report.loss:.6f}",
-            "test_images": str(report.num_images), "test_data_md5": comparison.test_data_md5,
+            TEST_IMAGES_TAG: str(report.num_images), TEST_DATA_MD5_TAG: comparison.test_data_md5,
             "checkpoint": training.checkpoint_uri, **({PROBE_TAG: comparison.probe} if comparison.probe else {}),
             **decision.tags(), **(extra_tags or {})}
     if version is None:  # the version is created with its tags

@@ -21,6 +21,8 @@ import math
 CHALLENGER_ALIAS = "challenger"
 CHAMPION_ALIAS = "champion"
 ACCURACY_TAG = "test_accuracy"
+TEST_IMAGES_TAG = "test_images"  # how many test images ACCURACY_TAG was measured on
+TEST_DATA_MD5_TAG = "test_data_md5"  # the md5s of the test files it was measured on
 # A version's labels for the first PROBE_IMAGES test images, as registered: a later run whose probe of the
 # loaded champion gives the same labels on the same test files takes its recorded accuracy (model_registry).
 PROBE_TAG = "test_probe_labels_md5"
