@@ -1,4 +1,6 @@
-"""The benchmarks' job (bench/jobs/common.py) on trainlib, imported inside the training function; run by bench/bench_import_placement.py.
+"""The benchmarks' job (bench/jobs/common.py) on trainlib, imported inside the training function.
+
+Run by bench/bench_import_placement.py.
 
 ``--driver-imports torchvision`` imports it in the driver first, as the tutorial's top-level import does: the
 two variants differ only in whether the driver pays for that import before ``fit()`` starts Ray. Prints one
