@@ -68,10 +68,11 @@ import psutil, socket
 children = {}
 for child in psutil.Process(raylet_pid).children():
     try:
-        if child.status() != psutil.STATUS_ZOMBIE:  # a worker that has just exited: no command line left
-            children[child.pid] = " ".join(child.cmdline())
+        command = " ".join(child.cmdline())
     except psutil.Error:  # a worker that has just exited and been reaped
-        pass
+        continue
+    if command:  # empty: a worker exiting now (a zombie has no command line, whenever it became one)
+        children[child.pid] = command
 agents = [cmd for cmd in children.values() if not cmd.startswith("ray::") or "Agent" in cmd]
 stand_in_pids = [pid for pid, cmd in children.items() if "dashboard_agent_stand_in" in cmd]
 forwarder = psutil.Process(next(pid for pid, cmd in children.items() if "runtime_env_agent_on_demand" in cmd))
