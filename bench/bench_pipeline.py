@@ -123,16 +123,8 @@ def main() -> None:
     epochs_list = args.epochs or [1]
 
     from flows.params import PipelineParams
-    from flows.prefect_server import ensure_prefect
-    from tasks.domain.home import HOME_ENV_VAR, PipelineHome
 
-    os.environ[HOME_ENV_VAR] = tempfile.mkdtemp(prefix="trainlib_pipeline_bench_")
-    for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "TRAINLIB_STORAGE_PATH", "TRAINLIB_DATA_CACHE"):
-        os.environ.pop(name, None)
-    home = PipelineHome.resolve()
-    server = ensure_prefect(home, port=_free_port())
-    os.environ["PREFECT_API_URL"] = server.api_url
-    os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
+    server = start_fresh_home()
     from flows.pipeline import training_pipeline
 
     runs = []
@@ -171,6 +163,21 @@ def main() -> None:
     lines.append(f"\nMachine: {machine['cores']} cores, load average after the run {machine['load_avg_after']}. "
                  "CPU shares are of the whole machine (all cores).")
     write_results(args.out, args.tag, {"machine": machine, "prefect_server": server.how, "runs": runs}, lines)
+
+
+def start_fresh_home():
+    """Point this process at a new pipeline home in $TMPDIR and start its Prefect server; return the server
+    (:class:`flows.prefect_server.PrefectServer`; stop it with ``os.kill(server.pid, 15)``)."""
+    from flows.prefect_server import ensure_prefect
+    from tasks.domain.home import HOME_ENV_VAR, PipelineHome
+
+    os.environ[HOME_ENV_VAR] = tempfile.mkdtemp(prefix="trainlib_pipeline_bench_")
+    for name in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "TRAINLIB_STORAGE_PATH", "TRAINLIB_DATA_CACHE"):
+        os.environ.pop(name, None)
+    server = ensure_prefect(PipelineHome.resolve(), port=_free_port())
+    os.environ["PREFECT_API_URL"] = server.api_url
+    os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
+    return server
 
 
 def _free_port() -> int:
