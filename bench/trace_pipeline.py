@@ -96,8 +96,10 @@ class FlowClock:
     marks: dict[str, float] = dataclasses.field(default_factory=dict)
     ray_session: str = ""
 
-    def wrap(self, owner: Any, name: str, began: str, ended: str | None = None) -> None:
-        """Replace ``owner.name`` by a function that records when it is called (``began``) and returns (``ended``)."""
+    def wrap(self, owner: Any, name: str, began: str, ended: str | None = None,
+             then: Callable[[], None] | None = None) -> None:
+        """Replace ``owner.name`` by a function that records when it is called (``began``) and returns (``ended``),
+        then calls ``then``."""
         original: Callable[..., Any] = getattr(owner, name)
         clock = self
 
@@ -108,12 +110,16 @@ class FlowClock:
             finally:
                 if ended:
                     clock.marks[ended] = time.time()
-                if name == "__enter__":
-                    import ray
-
-                    clock.ray_session = ray._private.worker._global_node.get_session_dir_path()
+                if then:
+                    then()
 
         setattr(owner, name, timed)
+
+    def note_ray_session(self) -> None:
+        """Keep the folder of the Ray this process is connected to: its logs outlive its shutdown."""
+        import ray
+
+        self.ray_session = ray._private.worker._global_node.get_session_dir_path()
 
 
 def ray_workers(session_dir: str) -> list[dict[str, Any]]:
@@ -204,7 +210,8 @@ def main() -> None:
 
     clock = FlowClock()
     clock.wrap(pipeline, "resolve_run", "the flow's body began")
-    clock.wrap(task_runner.LocalRayTaskRunner, "__enter__", "the task runner starts Ray", "Ray started")
+    clock.wrap(task_runner.LocalRayTaskRunner, "__enter__", "the task runner starts Ray", "Ray started",
+               then=clock.note_ray_session)
     clock.wrap(task_runner.LocalRayTaskRunner, "__exit__", "the task runner stops Ray", "Ray stopped")
     params = PipelineParams(mirrors=[os.path.abspath(args.mirror)], epochs=1, limit=args.limit,
                             experiment_name="trace", model_name="trace")
