@@ -30,7 +30,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from bench_pipeline import REPO, start_fresh_home
+from bench_overhead import DATA, RESULTS
+from bench_pipeline import start_fresh_home
 from results_files import write_results
 
 SAMPLE_S = 0.25
@@ -197,9 +198,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=1024, help="training images (default: %(default)s)")
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--mirror", default=os.path.join(REPO, "..", "shared", "datasets", "fashion-mnist"))
+    parser.add_argument("--mirror", default=DATA)
     parser.add_argument("--tag", default="pipeline_trace")
-    parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"))
+    parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
 
     from flows.params import PipelineParams
