@@ -15,6 +15,7 @@ import json
 import os
 from typing import Any, Iterable, Mapping
 
+from prefect.logging.handlers import APILogWorker
 from prefect.settings import get_current_settings
 from prefect_ray import RayTaskRunner
 
@@ -28,6 +29,7 @@ from trainlib._internal.util.environ import environment
 
 PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
 RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray for a submitted job's driver
+LOG_SEND_TIMEOUT_S = 5.0  # the most a task waits, as it ends, for its log lines to reach the Prefect API
 
 
 class PrefectAPIMissingError(RuntimeError):
@@ -65,7 +67,26 @@ def job_runtime_env() -> dict[str, Any]:
         return {}
 
 
-class LocalRayTaskRunner(RayTaskRunner):
+def run_task_then_send_logs(*args: Any, **kwargs: Any) -> Any:
+    """prefect-ray's task body on a Ray worker, then the log lines the worker holds for the Prefect API sent.
+
+    A worker sends its lines in batches, every few seconds; the task runner stops Ray, and the workers with it,
+    as the flow ends, so the last tasks' lines would be lost (an evaluate step's in one test run). Bounded by
+    :data:`LOG_SEND_TIMEOUT_S`.
+    """
+    try:
+        return RayTaskRunner._run_prefect_task(*args, **kwargs)
+    finally:
+        APILogWorker.drain_all(timeout=LOG_SEND_TIMEOUT_S)
+
+
+class LogSendingRayTaskRunner(RayTaskRunner):
+    """prefect-ray's runner whose tasks send their log lines before they return (:func:`run_task_then_send_logs`)."""
+
+    _run_prefect_task = staticmethod(run_task_then_send_logs)
+
+
+class LocalRayTaskRunner(LogSendingRayTaskRunner):
     """prefect-ray's runner on a Ray it starts on this machine, without the daemons a local run never uses.
 
     As trainlib's embedded Ray: neither the dashboard head (~1.7 s of ``ray.init`` on a quiet 2-core
@@ -156,7 +177,7 @@ def cluster_task_runner(address: str, runtime_env: Mapping[str, Any]) -> RayTask
     write (``print_whole_lines``), so the two never glue. (A local runner's reader does the same.)
     """
     print_whole_lines()
-    return RayTaskRunner(address=address, init_kwargs={"runtime_env": dict(runtime_env)})
+    return LogSendingRayTaskRunner(address=address, init_kwargs={"runtime_env": dict(runtime_env)})
 
 
 def check_cluster_reach(api_url: str, mlflow_tracking_uri: str, storage_path: str,

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import get_run_logger, task
-from prefect.logging.handlers import APILogWorker
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
@@ -72,9 +71,6 @@ def score_images_chunk(model: ResolvedModel, images: ImageSet) -> Any:
     how = "loaded the model" if chunk.loaded_model else "reused the model already loaded"
     get_run_logger().info("Scored %d images (ids %s..%s); worker pid %d %s", len(chunk.frame), images.ids[0],
                           images.ids[-1], chunk.worker_pid, how)
-    # The chunk runs in a Ray worker that the task runner stops with the flow: send its log lines now
-    # (bounded), so none is lost with the process.
-    APILogWorker.drain_all(timeout=5)
     return chunk.frame
 
 

@@ -447,6 +447,39 @@ def test_flow_run_page_shows_task_runs_and_artifacts(services):
 # -- bad input ---------------------------------------------------------------------------------------------
 
 
+LAST_TASK_LOGS_SCRIPT = r"""
+import sys
+from prefect import flow, get_run_logger, task
+from prefect.context import get_run_context
+from flows.task_runner import current_api_url, local_task_runner, ray_worker_env
+
+@task
+def last_step(marker: str) -> None:
+    get_run_logger().info(marker)
+
+@flow(task_runner=local_task_runner(worker_env=ray_worker_env(current_api_url())))
+def one_step(marker: str) -> str:
+    last_step.submit(marker).result()
+    return str(get_run_context().flow_run.id)
+
+print("FLOW_RUN", one_step(sys.argv[1]))
+"""
+
+
+def test_the_last_tasks_log_lines_reach_the_server_before_ray_stops(services, tmp_path):
+    # A Ray worker sends its lines in batches (here every 60 s, so the batch never comes due); the task runner
+    # stops Ray, and the worker with it, as the flow ends. The task sends its lines before it returns.
+    script = tmp_path / "one_step.py"
+    script.write_text(LAST_TASK_LOGS_SCRIPT)
+    marker = f"last-line-{os.getpid()}-{time.time_ns()}"
+    done = subprocess.run([sys.executable, str(script), marker], cwd=REPO_ROOT, capture_output=True, text=True,
+                          env=dict(services["env"], PREFECT_LOGGING_TO_API_BATCH_INTERVAL="60"), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [flow_run_id] = re.findall(r"^FLOW_RUN (\S+)$", done.stdout, re.M)
+    tasks = [t["id"] for t in _task_runs(services, flow_run_id)]
+    assert marker in _logs(services, task_run_id=tasks), _logs(services, task_run_id=tasks)
+
+
 @pytest.mark.parametrize("params, expected", [
     ({"dataset": "cifar10"}, ["dataset", "fashion-mnist"]),
     ({"epochs": 0}, ["epochs", "greater than 0"]),
