@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import signal
@@ -21,6 +22,11 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MLFLOW_BIN = os.path.join(os.path.dirname(sys.executable), "mlflow")
 SERVER_START_TIMEOUT_S = 90.0
+START_TRIES = 3  # ports tried when another process takes the one picked before the server binds it
+
+
+class PortTakenError(RuntimeError):
+    """Another process holds the port the server was to listen on."""
 
 
 class MlflowServer:
@@ -29,19 +35,36 @@ class MlflowServer:
 
     def __init__(self, root: str, port: int | None = None, artifacts_destination: str | None = None):
         self.root = root
+        self.port_given = port is not None  # a restart on the same port (an outage test): never moved
         self.port = port or free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
         self.db = os.path.join(root, "mlflow.db")
         self.artifacts = artifacts_destination or os.path.join(root, "mlartifacts")  # a folder or e.g. s3://bucket/x
         self.log_path = os.path.join(root, "server.log")
         self.proc: subprocess.Popen | None = None
 
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
     def start(self) -> "MlflowServer":
+        """Start the server and wait until it answers; on another free port if another process took this one
+        between ``free_port()`` and the server's bind (a Ray process of a parallel test once did)."""
+        for _ in range(START_TRIES - 1):
+            try:
+                return self._start_once()
+            except PortTakenError:
+                if self.port_given:
+                    raise
+                self.port = free_port()
+        return self._start_once()
+
+    def _start_once(self) -> "MlflowServer":
         os.makedirs(self.root, exist_ok=True)
         # One worker and no job runner: start-up in seconds on a 2-core machine.
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         env.pop("MLFLOW_TRACKING_URI", None)
         with open(self.log_path, "ab") as log:
+            written_before = log.tell()  # the log is appended to: only this start's lines say why it exited
             self.proc = subprocess.Popen(
                 [MLFLOW_BIN, "server", "--backend-store-uri", f"sqlite:///{self.db}",
                  "--artifacts-destination", self.artifacts, "--host", "127.0.0.1", "--port", str(self.port),
@@ -51,11 +74,16 @@ class MlflowServer:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "address already in use" in self.log_tail(since=written_before).lower():
+                    raise PortTakenError(f"port {self.port} taken:\n{self.log_tail()}")
                 raise RuntimeError(f"mlflow server exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
                     if response.status == 200:
                         return self
+            except http.client.HTTPException as exc:  # not HTTP: another process's server holds the port
+                self.stop()
+                raise PortTakenError(f"port {self.port} answers as another server ({exc!r})") from None
             except OSError:
                 time.sleep(0.2)
         self.stop()
@@ -77,10 +105,12 @@ class MlflowServer:
                     return
             time.sleep(0.1)
 
-    def log_tail(self, n: int = 3000) -> str:
+    def log_tail(self, n: int = 3000, since: int = 0) -> str:
+        """The last ``n`` characters of the server's log, from byte ``since`` on."""
         try:
-            with open(self.log_path, errors="replace") as f:
-                return f.read()[-n:]
+            with open(self.log_path, "rb") as f:
+                f.seek(since)
+                return f.read().decode(errors="replace")[-n:]
         except OSError:
             return ""
 
