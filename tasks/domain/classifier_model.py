@@ -36,19 +36,17 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 if __package__:  # imported from this repository, as tasks.domain.classifier_model
-    from .classifier_network import ARCHITECTURE, forward_in_batches, network_with_weights
+    from .classifier_network import ARCHITECTURE, EXPECTED_INPUT, forward_in_batches, network_with_weights
 else:  # executed by MLflow: loading a version, whose code/ folder (code_paths) MLflow puts on sys.path ...
     try:
-        from classifier_network import ARCHITECTURE, forward_in_batches, network_with_weights
+        from classifier_network import ARCHITECTURE, EXPECTED_INPUT, forward_in_batches, network_with_weights
     except ModuleNotFoundError as exc:  # ... or saving one, from this repository
         if exc.name != "classifier_network":
             raise
-        from tasks.domain.classifier_network import ARCHITECTURE, forward_in_batches, network_with_weights
+        from tasks.domain.classifier_network import ARCHITECTURE, EXPECTED_INPUT, forward_in_batches, network_with_weights
 
 IMAGE_SIDE = 28
 PIXELS = IMAGE_SIDE * IMAGE_SIDE
-EXPECTED_INPUT = ("uint8 images (or float images with values 0..255) shaped [N, 28, 28], [N, 784] or "
-                  "[N, 1, 28, 28]")
 OUTPUT_COLUMNS = ("label", "class", "probability", "probabilities")
 DEFAULT_BATCH_SIZE = 256  # images per forward pass; bounds memory for large requests
 

@@ -31,6 +31,10 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 # of the weights (2.8M).
 ARCHITECTURES = {"resnet18-1ch": (7, 2, 3, 64), "resnet18-1ch-small": (3, 1, 1, 32)}
 ARCHITECTURE = "resnet18-1ch"  # what a model_config naming no architecture holds
+# What the registered model's predict takes (classifier_model.py); here, in the file without mlflow, so that the
+# registry's descriptions (model_package.py) name it without importing mlflow.
+EXPECTED_INPUT = ("uint8 images (or float images with values 0..255) shaped [N, 28, 28], [N, 784] or "
+                  "[N, 1, 28, 28]")
 
 # From this many images on, forward_in_batches scores with a copy of the ResNet18 whose BatchNorms are folded
 # into their convolutions: the copy costs ~15-60 ms, folding saves 2-10% of the scoring time, ~0.01-0.035 ms an

@@ -38,15 +38,16 @@ from typing import Any, Mapping
 
 import torch
 
-from tasks.domain import classifier_model, classifier_network
-from tasks.domain.classifier_model import EXPECTED_INPUT
-from tasks.domain.classifier_network import ARCHITECTURE
+from tasks.domain import classifier_network
+from tasks.domain.classifier_network import ARCHITECTURE, EXPECTED_INPUT
 from tasks.domain.dataset_registry import get_dataset_spec
 from tasks.domain.network import MEAN, STD
 from trainlib._internal.util.patching import replaced_attribute
 
-CODE_PATH = os.path.abspath(classifier_model.__file__)
 NETWORK_PATH = os.path.abspath(classifier_network.__file__)
+# The pyfunc's file, beside the network's; not imported here: it imports mlflow (~0.8 s), which only logging a
+# version needs, and the pipeline's task process imports this module before its first task.
+CODE_PATH = os.path.join(os.path.dirname(NETWORK_PATH), "classifier_model.py")
 MODEL_ARTIFACT_NAME = "model"
 PICKLE_MODULE = "pickle"
 # The network file's module name in a version's code/ folder, which classifier_model.py imports and the pytorch

@@ -12,8 +12,6 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import BAD_REQUEST, RESOURCE_DOES_NOT_EXIST
 from mlflow.tracking import MlflowClient
 
-from trainlib._internal.tracking.params import truncate
-from trainlib._internal.util.masking import redact_text
 from trainlib.checkpoint import Checkpoint
 
 # MLflow's limits on one run's entries (mlflow.utils.validation); read from MLflow when it has them.
@@ -31,10 +29,6 @@ REJECTED_CODES = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURC
 
 def is_rejected(exc: BaseException) -> bool:
     return isinstance(exc, MlflowException) and exc.error_code in REJECTED_CODES
-
-
-def short_error(exc: BaseException) -> str:
-    return truncate(redact_text(f"{type(exc).__name__}: {exc}".splitlines()[0]), 300)
 
 
 def send_record(client: MlflowClient, record: dict[str, Any]) -> None:

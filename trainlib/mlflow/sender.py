@@ -17,7 +17,8 @@ from mlflow.tracking import MlflowClient
 from trainlib._internal import tunables
 from trainlib._internal.tracking.spool import Spool, describe_records
 from trainlib._internal.util.masking import redact_url
-from trainlib.mlflow.records import is_rejected, send_record, short_error, spoolable
+from trainlib.mlflow.errors import short_error
+from trainlib.mlflow.records import is_rejected, send_record, spoolable
 from trainlib.mlflow.spool import replay_spool
 from trainlib.mlflow.store import bounded_http
 

@@ -9,7 +9,8 @@ import os
 from mlflow.tracking import MlflowClient
 
 from trainlib._internal.tracking.spool import Spool, describe_records
-from trainlib.mlflow.records import is_rejected, send_record, short_error
+from trainlib.mlflow.errors import short_error
+from trainlib.mlflow.records import is_rejected, send_record
 from trainlib.mlflow.store import bounded_http
 
 logger = logging.getLogger("trainlib")
