@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 from typing import Any, Iterable, Mapping
 
+from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import get_current_settings
 from prefect_ray import RayTaskRunner
@@ -68,16 +70,38 @@ def job_runtime_env() -> dict[str, Any]:
 
 
 def run_task_then_send_logs(*args: Any, **kwargs: Any) -> Any:
-    """prefect-ray's task body on a Ray worker, then the log lines the worker holds for the Prefect API sent.
+    """prefect-ray's task body on a Ray worker, then the log lines and events the worker holds for the Prefect API
+    sent.
 
-    A worker sends its lines in batches, every few seconds; the task runner stops Ray, and the workers with it,
-    as the flow ends, so the last tasks' lines would be lost (an evaluate step's in one test run). Bounded by
+    A worker sends them in batches, every few seconds; the task runner stops Ray, and the workers with it, as the
+    flow ends, so the last tasks' lines would be lost (an evaluate step's in one test run). Bounded by
     :data:`LOG_SEND_TIMEOUT_S`.
     """
     try:
         return RayTaskRunner._run_prefect_task(*args, **kwargs)
     finally:
+        _quiet_drain_notices()
+        # Prefect's services share one registry: this sends the events (the task runs' states) too.
         APILogWorker.drain_all(timeout=LOG_SEND_TIMEOUT_S)
+
+
+class _DrainNotice(logging.Filter):
+    """Drops "Still processing items: N items remaining...", which a service logs when it is drained holding items."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Still processing items")
+
+
+_DRAIN_NOTICE = _DrainNotice()
+
+
+def _quiet_drain_notices() -> None:
+    # Each service logs under its class's name. After every task it holds items as a rule (its lines, its state
+    # events), so the notice would be a WARNING on the user's console for the expected case.
+    for service in (APILogWorker, EventsWorker):
+        log = logging.getLogger(service.__name__)
+        if _DRAIN_NOTICE not in log.filters:
+            log.addFilter(_DRAIN_NOTICE)
 
 
 class LogSendingRayTaskRunner(RayTaskRunner):
