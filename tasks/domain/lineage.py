@@ -23,7 +23,7 @@ from tasks.domain.urls import mask_url
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # MLflow's reserved source tags (mlflow.utils.mlflow_tags; a test checks they still are). Spelled out here because
-# the flow process sets them before any step and needs nothing else of mlflow, whose import costs ~0.8 s of CPU.
+# the flow process sets them before any step and needs nothing else of mlflow, whose import costs ~1-1.5 s of CPU.
 SOURCE_NAME_TAG, SOURCE_TYPE_TAG = "mlflow.source.name", "mlflow.source.type"
 USER_TAG, GIT_COMMIT_TAG = "mlflow.user", "mlflow.source.git.commit"
 

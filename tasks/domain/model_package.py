@@ -45,7 +45,7 @@ from tasks.domain.network import MEAN, STD
 from trainlib._internal.util.patching import replaced_attribute
 
 NETWORK_PATH = os.path.abspath(classifier_network.__file__)
-# The pyfunc's file, beside the network's; not imported here: it imports mlflow (~0.8 s), which only logging a
+# The pyfunc's file, beside the network's; not imported here: it imports mlflow (~1-1.5 s), which only logging a
 # version needs, and the pipeline's task process imports this module before its first task.
 CODE_PATH = os.path.join(os.path.dirname(NETWORK_PATH), "classifier_model.py")
 MODEL_ARTIFACT_NAME = "model"

@@ -6,7 +6,7 @@ training (records are spooled locally and replayed). ``log_model`` logs a
 checkpoint's weights as an MLflow model. Neither ``import trainlib`` nor this
 package imports mlflow: a run's ``before_run`` does, and ``log_model`` and
 ``SpoolReplay`` on first use, so a process that only builds a logger or checks a
-tracking URI (a pipeline's task process) does not pay ~0.7-0.9 s of CPU for it.
+tracking URI (a pipeline's task process) does not pay ~1-1.5 s of CPU for it.
 
 Example:
     >>> from trainlib.mlflow import MLflowLogger, log_model

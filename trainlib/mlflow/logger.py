@@ -12,7 +12,7 @@ time, what cannot be sent is written to a local spool file, the logger says
 exactly what was not logged, and :meth:`MLflowLogger.replay_spool` sends it later
 (``sender.py``). Opening the MLflow run is in ``run.py``.
 
-This module does not import mlflow: ``before_run`` does (~0.7-0.9 s of CPU), so building the logger costs
+This module does not import mlflow: ``before_run`` does (~1-1.5 s of CPU), so building the logger costs
 nothing and the import runs while ``fit()`` starts its workers, whose actors were asked for first.
 """
 
