@@ -19,6 +19,7 @@ import copy
 import itertools
 import threading
 from collections.abc import Callable
+from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -36,11 +37,11 @@ ARCHITECTURE = "resnet18-1ch"  # what a model_config naming no architecture hold
 EXPECTED_INPUT = ("uint8 images (or float images with values 0..255) shaped [N, 28, 28], [N, 784] or "
                   "[N, 1, 28, 28]")
 
-# From this many images on, forward_in_batches scores with a copy of the ResNet18 whose BatchNorms are folded
-# into their convolutions: the copy costs ~15-60 ms, folding saves 2-10% of the scoring time, ~0.01-0.035 ms an
-# image on 2 CPUs (bench/results/network.md), so a 64-image call keeps the network as it is, the 10,000 test
+# From this many images on, forward_in_batches scores with a ResNet18's scoring_copy: the copy costs ~15-60 ms;
+# folding its BatchNorms saves 2-10% of the scoring time, ~0.01-0.035 ms an image on 2 CPUs, and its products on
+# small maps 5-16% more (bench/results/network.md), so a 64-image call keeps the network as it is, the 10,000 test
 # images do not.
-FOLD_FROM_IMAGES = 2048
+SCORING_COPY_FROM_IMAGES = 2048
 
 
 class _BasicBlock(torch.nn.Module):
@@ -118,22 +119,79 @@ def network_with_weights(state: dict[str, torch.Tensor], num_classes: int = 10,
     return network.eval()
 
 
-def folded_copy(network: ResNet18) -> ResNet18:
-    """An eval-mode copy of ``network`` with each BatchNorm folded into the convolution before it.
+class _SmallMapConv2d(torch.nn.Conv2d):
+    """A convolution that, on a feature map of fewer pixels than its kernel has taps, runs as one matrix product.
 
-    The same outputs to float rounding, with one pass over every feature map fewer per convolution. For scoring
-    only: the copy's state dict is not the model's (no BatchNorm entries, convolutions with a bias), so save,
-    register or train ``network``, which is left as it was.
+    There every output pixel reads every input pixel, so the convolution is a dense ``[H*W*C_in, H'*W'*C_out]``
+    matrix made of its taps: one product does the multiply-adds without those of the zero padding (a 3x3 kernel
+    on a 2x2 map: 4 taps of 9 are inside it). 28x28 images reach the default network's last block as 2x2 maps,
+    and the tutorial's last two blocks as 2x2 and 1x1. The same outputs to float rounding; larger maps go
+    through the convolution. The matrix is built on first use, once per map size (e.g. 4 MB for 2x2 x 256
+    channels).
     """
-    folded = copy.deepcopy(network).eval()
-    for owner in list(folded.modules()):
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # (height, width) -> the matrix on maps of that size, its bias, the output's height and width
+        self._products: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, int, int]] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, _, height, width = x.shape
+        if height * width >= self.kernel_size[0] * self.kernel_size[1]:
+            return super().forward(x)
+        product = self._products.get((height, width))
+        if product is None:  # two scoring threads may both build it: the same matrix, either is kept
+            product = self._products[(height, width)] = self._dense_product(height, width)
+        matrix, bias, out_height, out_width = product
+        # Channels-last x is [N, H, W, C] in memory: the reshape is a view, and so is the result's permute.
+        out = torch.addmm(bias, x.permute(0, 2, 3, 1).reshape(batch, -1), matrix)
+        return out.view(batch, out_height, out_width, -1).permute(0, 3, 1, 2)
+
+    def _dense_product(self, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        (kernel_h, kernel_w), (stride_h, stride_w), (pad_h, pad_w) = self.kernel_size, self.stride, self.padding
+        out_height = (height + 2 * pad_h - kernel_h) // stride_h + 1
+        out_width = (width + 2 * pad_w - kernel_w) // stride_w + 1
+        weight = self.weight.detach()
+        matrix = weight.new_zeros(height, width, self.in_channels, out_height, out_width, self.out_channels)
+        for row, col, out_row, out_col in itertools.product(range(height), range(width), range(out_height),
+                                                            range(out_width)):
+            tap_row, tap_col = row - out_row * stride_h + pad_h, col - out_col * stride_w + pad_w
+            if 0 <= tap_row < kernel_h and 0 <= tap_col < kernel_w:
+                matrix[row, col, :, out_row, out_col, :] = weight[:, :, tap_row, tap_col].t()
+        bias = self.bias.detach() if self.bias is not None else weight.new_zeros(self.out_channels)
+        return (matrix.view(height * width * self.in_channels, -1), bias.repeat(out_height * out_width),
+                out_height, out_width)
+
+    @classmethod
+    def replacing(cls, conv: torch.nn.Conv2d) -> torch.nn.Conv2d:
+        """``conv`` as one of these, sharing its weights; a convolution this cannot stand for, as it is."""
+        if (conv.groups != 1 or conv.dilation != (1, 1) or conv.padding_mode != "zeros"
+                or isinstance(conv.padding, str) or conv.kernel_size == (1, 1)):
+            return conv
+        with torch.device("meta"):
+            small = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                        bias=conv.bias is not None)
+        small.weight, small.bias = conv.weight, conv.bias
+        return small
+
+
+def scoring_copy(network: ResNet18) -> ResNet18:
+    """An eval-mode copy of ``network`` for scoring many images: each BatchNorm folded into the convolution before
+    it, and convolutions that run on maps smaller than their kernel done as matrix products (:class:`_SmallMapConv2d`).
+
+    The same outputs to float rounding, with one pass over every feature map fewer per convolution and fewer
+    multiply-adds in the last blocks. For scoring only: the copy's state dict is not the model's (no BatchNorm
+    entries, convolutions with a bias), so save, register or train ``network``, which is left as it was.
+    """
+    scoring = copy.deepcopy(network).eval()
+    for owner in list(scoring.modules()):
         # conv1/bn1 of the stem and of each block, conv2/bn2 of each block, a block's downsample (conv, norm).
         for conv_name, norm_name in (("conv1", "bn1"), ("conv2", "bn2"), ("0", "1")):
             conv, norm = getattr(owner, conv_name, None), getattr(owner, norm_name, None)
             if isinstance(conv, torch.nn.Conv2d) and isinstance(norm, torch.nn.BatchNorm2d):
-                setattr(owner, conv_name, fuse_conv_bn_eval(conv, norm))
+                setattr(owner, conv_name, _SmallMapConv2d.replacing(fuse_conv_bn_eval(conv, norm)))
                 setattr(owner, norm_name, torch.nn.Identity())
-    return folded
+    return scoring
 
 
 def forward_in_batches(network: torch.nn.Module, images: torch.Tensor,
@@ -142,7 +200,7 @@ def forward_in_batches(network: torch.nn.Module, images: torch.Tensor,
 
     ``prepare`` turns a slice of ``images`` into the network's input. Eval mode, no autograd, channels-last weights
     and inputs (oneDNN's convolutions run ~12% faster on the CPU in that layout); ``network`` is converted in place.
-    A :class:`ResNet18` given :data:`FOLD_FROM_IMAGES` images or more scores through its :func:`folded_copy`.
+    A :class:`ResNet18` given :data:`SCORING_COPY_FROM_IMAGES` images or more scores through its :func:`scoring_copy`.
 
     With torch allowed several threads, as many threads of one intra-op thread each take the batches one at a
     time, in turn. On ResNet18's small feature maps that keeps the cores busier than splitting every operation
@@ -151,8 +209,8 @@ def forward_in_batches(network: torch.nn.Module, images: torch.Tensor,
     another process busy on one core (bench/results/scoring_threads_ab.md). The evaluate step and the registered
     model's ``predict`` both come here, so they give the same labels.
     """
-    if isinstance(network, ResNet18) and len(images) >= FOLD_FROM_IMAGES:
-        network = folded_copy(network)
+    if isinstance(network, ResNet18) and len(images) >= SCORING_COPY_FROM_IMAGES:
+        network = scoring_copy(network)
     network = network.eval().to(memory_format=torch.channels_last)
     starts = range(0, len(images), batch_size)
     outputs: list[torch.Tensor | None] = [None] * len(starts)

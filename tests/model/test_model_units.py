@@ -186,7 +186,7 @@ def test_forward_in_batches_shares_the_batches_among_threads_of_one_intra_op_thr
 
 def test_many_images_are_scored_by_a_copy_with_the_batch_norms_folded_and_give_the_same_outputs(monkeypatch):
     from tasks.domain import classifier_network
-    from tasks.domain.classifier_network import build_network, folded_copy, forward_in_batches
+    from tasks.domain.classifier_network import build_network, forward_in_batches, scoring_copy
 
     torch.manual_seed(0)
     network = build_network(10, "resnet18-1ch-small")
@@ -203,10 +203,10 @@ def test_many_images_are_scored_by_a_copy_with_the_batch_norms_folded_and_give_t
     hook = torch.nn.modules.module.register_module_forward_hook(
         lambda module, *_: norms_run.append(module) if isinstance(module, torch.nn.BatchNorm2d) else None)
     try:
-        plain = forward_in_batches(network, images, prepare, batch_size=100)  # fewer than FOLD_FROM_IMAGES
+        plain = forward_in_batches(network, images, prepare, batch_size=100)  # fewer than SCORING_COPY_FROM_IMAGES
         assert len(norms_run) == 3 * 20  # 3 batches through the network as it is
         norms_run.clear()
-        monkeypatch.setattr(classifier_network, "FOLD_FROM_IMAGES", 300)
+        monkeypatch.setattr(classifier_network, "SCORING_COPY_FROM_IMAGES", 300)
         folded = forward_in_batches(network, images, prepare, batch_size=100)
         assert norms_run == []  # no BatchNorm left to run
     finally:
@@ -215,9 +215,51 @@ def test_many_images_are_scored_by_a_copy_with_the_batch_norms_folded_and_give_t
     # The network itself is untouched: the same weights and statistics, to be saved, registered or trained.
     after = network.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[name], before[name]) for name in before)
-    copy_state = folded_copy(network).state_dict()
+    copy_state = scoring_copy(network).state_dict()
     assert not any(".bn" in name or name.startswith("bn") for name in copy_state)
     assert "conv1.bias" in copy_state and "layer2.0.downsample.0.bias" in copy_state
+
+
+@pytest.mark.parametrize("height, width, stride", [(2, 2, 1), (2, 2, 2), (1, 1, 1), (2, 1, 1), (3, 3, 1)])
+def test_a_convolution_on_a_map_smaller_than_its_kernel_runs_as_one_matrix_product(height, width, stride):
+    import torch.nn.functional as F
+
+    from tasks.domain.classifier_network import _SmallMapConv2d
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(8, 6, 3, stride, 1, bias=True)
+    small = _SmallMapConv2d.replacing(conv)
+    assert isinstance(small, _SmallMapConv2d) and small.weight is conv.weight and small.bias is conv.bias
+    x = torch.randn(5, 8, height, width).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        expected, out = F.conv2d(x, conv.weight, conv.bias, stride, 1), small(x)
+    assert out.shape == expected.shape and torch.allclose(out, expected, atol=1e-5)
+    # A map with as many pixels as the kernel has taps, or more, goes through the convolution itself.
+    assert list(small._products) == ([] if height * width >= 9 else [(height, width)])
+    # Convolutions it cannot stand for are kept as they are.
+    for other in (torch.nn.Conv2d(8, 6, 1), torch.nn.Conv2d(8, 8, 3, groups=2), torch.nn.Conv2d(8, 6, 3, dilation=2)):
+        assert _SmallMapConv2d.replacing(other) is other
+
+
+@pytest.mark.parametrize("architecture, products", [("resnet18-1ch-small", 3), ("resnet18-1ch", 7)])
+def test_the_scoring_copy_runs_the_last_blocks_as_matrix_products_with_the_same_labels(architecture, products):
+    from tasks.domain.classifier_network import _SmallMapConv2d, build_network, forward_in_batches, scoring_copy
+    from tasks.domain.network import to_inputs
+
+    torch.manual_seed(0)
+    network = build_network(10, architecture)
+    for module in network.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+    images = torch.randint(0, 256, (64, 28, 28), dtype=torch.uint8)
+    copy = scoring_copy(network)
+    plain, scored = (forward_in_batches(net, images, to_inputs, batch_size=32) for net in (network, copy))
+    assert torch.allclose(scored, plain, atol=1e-4) and torch.equal(scored.argmax(1), plain.argmax(1))
+    # 28x28 images reach the default network's last block as 2x2 maps (3 convolutions of 3x3 on them), the
+    # tutorial's third block as 2x2 and its last as 1x1 (7, the stride-2 one from 2x2 to 1x1 included).
+    used = [name for name, module in copy.named_modules() if isinstance(module, _SmallMapConv2d) and module._products]
+    assert len(used) == products, used
 
 
 def write_idx(path, pixels):
