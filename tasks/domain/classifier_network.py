@@ -137,7 +137,9 @@ class _SmallMapConv2d(torch.nn.Conv2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, _, height, width = x.shape
-        if height * width >= self.kernel_size[0] * self.kernel_size[1]:
+        (kernel_h, kernel_w), (pad_h, pad_w) = self.kernel_size, self.padding
+        # A map too small for the kernel even padded: the convolution's own error.
+        if height * width >= kernel_h * kernel_w or height + 2 * pad_h < kernel_h or width + 2 * pad_w < kernel_w:
             return super().forward(x)
         product = self._products.get((height, width))
         if product is None:  # two scoring threads may both build it: the same matrix, either is kept

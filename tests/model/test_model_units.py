@@ -239,6 +239,10 @@ def test_a_convolution_on_a_map_smaller_than_its_kernel_runs_as_one_matrix_produ
     # Convolutions it cannot stand for are kept as they are.
     for other in (torch.nn.Conv2d(8, 6, 1), torch.nn.Conv2d(8, 8, 3, groups=2), torch.nn.Conv2d(8, 6, 3, dilation=2)):
         assert _SmallMapConv2d.replacing(other) is other
+    # A map too small for the kernel even padded gets the convolution's own error.
+    unpadded = _SmallMapConv2d.replacing(torch.nn.Conv2d(8, 6, 3, stride, 0))
+    with pytest.raises(RuntimeError, match="Kernel size can't be greater than actual input size"):
+        unpadded(torch.randn(2, 8, 2, 2))
 
 
 @pytest.mark.parametrize("architecture, products", [("resnet18-1ch-small", 3), ("resnet18-1ch", 7)])
