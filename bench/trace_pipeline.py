@@ -98,19 +98,23 @@ class FlowClock:
     ray_session: str = ""
 
     def wrap(self, owner: Any, name: str, began: str, ended: str | None = None,
-             then: Callable[[], None] | None = None) -> None:
+             then: Callable[[], None] | None = None, last: bool = False) -> None:
         """Replace ``owner.name`` by a function that records when it is called (``began``) and returns (``ended``),
-        then calls ``then``."""
+        then calls ``then``. Of several calls, the first is recorded, or the last with ``last``."""
         original: Callable[..., Any] = getattr(owner, name)
         clock = self
 
+        def mark(label: str) -> None:
+            if last or label not in clock.marks:
+                clock.marks[label] = time.time()
+
         def timed(*args: Any, **kwargs: Any) -> Any:
-            clock.marks.setdefault(began, time.time())
+            mark(began)
             try:
                 return original(*args, **kwargs)
             finally:
                 if ended:
-                    clock.marks[ended] = time.time()
+                    mark(ended)
                 if then:
                     then()
 
@@ -211,9 +215,11 @@ def main() -> None:
 
     clock = FlowClock()
     clock.wrap(pipeline, "resolve_run", "the flow's body began")
+    # The flow enters its task runner (Ray starts), then Prefect enters the steps' subflow's duplicate of it (Ray
+    # joined); they exit the other way round: the first entry and the last exit are Ray's start and stop.
     clock.wrap(task_runner.LocalRayTaskRunner, "__enter__", "the task runner starts Ray", "Ray started",
                then=clock.note_ray_session)
-    clock.wrap(task_runner.LocalRayTaskRunner, "__exit__", "the task runner stops Ray", "Ray stopped")
+    clock.wrap(task_runner.LocalRayTaskRunner, "__exit__", "the task runner stops Ray", "Ray stopped", last=True)
     params = PipelineParams(mirrors=[os.path.abspath(args.mirror)], epochs=1, limit=args.limit,
                             experiment_name="trace", model_name="trace")
     runs = []

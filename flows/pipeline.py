@@ -238,10 +238,15 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSumm
                 cluster_address(params.ray_address) or "local", mask_url(run.mlflow_tracking_uri),
                 mask_url(run.training.storage_path))
     check_services(params.ray_address, run.mlflow_tracking_uri)  # seconds, before any step starts
-    steps = pipeline_steps.with_options(
-        task_runner=make_task_runner(params.ray_address, api_url), flow_run_name=f"{get_run_context().flow_run.name}-steps",
-        timeout_seconds=params.train_timeout_s + OTHER_STEPS_TIMEOUT_S)
-    summary = steps(run)
+    task_runner = make_task_runner(params.ray_address, api_url)
+    # Ray starts (or is joined) here, so a local one's workers start while Prefect creates the steps' subflow run,
+    # whose runner (a duplicate: the flow carries it to every task, so not the one holding this process's Ray)
+    # runs the tasks on it. Stopped after the steps.
+    with task_runner:
+        steps = pipeline_steps.with_options(
+            task_runner=task_runner.duplicate(), flow_run_name=f"{get_run_context().flow_run.name}-steps",
+            timeout_seconds=params.train_timeout_s + OTHER_STEPS_TIMEOUT_S)
+        summary = steps(run)
     logger.info("Done: test accuracy %.2f%%, %s version %s (%s)", 100 * summary.test_accuracy, params.model_name,
                 summary.model_version, summary.decision)
     return summary

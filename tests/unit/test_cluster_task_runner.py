@@ -79,9 +79,21 @@ with make_task_runner(None, "http://127.0.0.1:9/api") as runner:
         except Exception:
             pass
     alive = {kind: [i.process.poll() is None for i in infos] for kind, infos in node.all_processes.items()}
+    # What Prefect does for a subflow given this runner (as the pipeline does): it enters a duplicate.
+    session = node.get_session_dir_path()
+    with runner.duplicate() as twin:
+        adopted = {"workers_have_env": twin.workers_have_env, "owns_ray": twin._owns_ray,
+                   "same_ray": ray._private.worker._global_node.get_session_dir_path() == session,
+                   "task": ray.get(env_and_modules.remote())}
+    adopted["up_after"] = ray.is_initialized()
     print("STATE " + json.dumps({"alive": alive, "task": ray.get(env_and_modules.remote()),
-                                 "env_here": os.environ.get("PREFECT_API_URL"),
+                                 "env_here": os.environ.get("PREFECT_API_URL"), "adopted": adopted,
                                  "metrics_agent_port": ray.nodes()[0]["MetricsAgentPort"]}), flush=True)
+print("DOWN_AFTER " + json.dumps(not ray.is_initialized()), flush=True)
+# A duplicate of a runner that was not entered starts a Ray of its own, as Prefect's flows always did.
+fresh = make_task_runner(None, "http://127.0.0.1:9/api").duplicate()
+with fresh:
+    print("FRESH " + json.dumps([fresh._owns_ray, fresh.workers_have_env]), flush=True)
 """
 
 
@@ -109,6 +121,13 @@ def test_local_runner_starts_a_lean_ray_whose_workers_have_the_env_and_torch(no_
     # got its environment back after Ray started.
     assert state["task"] == ["http://127.0.0.1:9/api", True]
     assert state["env_here"] is None
+    # The duplicate Prefect enters for the steps' subflow ran its tasks on that Ray, whose workers have the
+    # environment (no runtime_env needed), and left it up; the runner that started Ray stopped it.
+    assert state["adopted"] == {"workers_have_env": True, "owns_ray": False, "same_ray": True,
+                                "task": ["http://127.0.0.1:9/api", True], "up_after": True}
+    lines = out.stdout.splitlines()
+    assert json.loads(next(line for line in lines if line.startswith("DOWN_AFTER "))[11:]) is True
+    assert json.loads(next(line for line in lines if line.startswith("FRESH "))[6:]) == [True, True]
 
 
 def test_a_cluster_runner_prints_the_workers_lines_whole(no_ray_env, monkeypatch):
