@@ -19,8 +19,8 @@ import copy
 import itertools
 import threading
 from collections.abc import Callable
-from typing import Any
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 from torch.nn.utils.fusion import fuse_conv_bn_eval
@@ -39,8 +39,8 @@ EXPECTED_INPUT = ("uint8 images (or float images with values 0..255) shaped [N, 
 
 # From this many images on, forward_in_batches scores with a ResNet18's scoring_copy: the copy costs ~15-60 ms;
 # folding its BatchNorms saves 2-10% of the scoring time, ~0.01-0.035 ms an image on 2 CPUs, and its products on
-# small maps 5-16% more (bench/results/network.md), so a 64-image call keeps the network as it is, the 10,000 test
-# images do not.
+# small maps 3% (default network) to 23% (the tutorial's) more (bench/results/network.md), so a 64-image call keeps
+# the network as it is, the 10,000 test images do not.
 SCORING_COPY_FROM_IMAGES = 2048
 
 
