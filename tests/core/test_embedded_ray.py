@@ -105,6 +105,7 @@ for log in glob.glob(f"{node.get_session_dir_path()}/logs/*"):
         metrics_logs[os.path.basename(log)] = [words for words in ("Metrics agent not available", "Initializing exporter",
                                                                   "exporter agent") if words in text]
 serializer_libraries_loaded.append(serializer_libraries())  # and the driver's
+timeline_events = len(ray.timeline())  # task events, which two fits' tasks and actors would have recorded
 session_dir = node.get_session_dir_path()
 # The user shuts that Ray down; the next fit() starts another, whose workers' output reaches the driver too.
 ray.shutdown()
@@ -121,7 +122,7 @@ state = {"results": results, "torch_loaded": torch_loaded, "serializer_libraries
          "first_ports_released": first_ray.agent_ports._sockets == [], "agents": agents,
          "stand_in_pids": stand_in_pids, "refused": refused, "forwarder_listens": forwarder_listens,
          "agent_before": agent_before, "env_probe_saw": env_probe_saw, "agent_after": agent_after,
-         "metrics_agent_port": metrics_agent_port, "metrics_logs": metrics_logs}
+         "metrics_agent_port": metrics_agent_port, "metrics_logs": metrics_logs, "timeline_events": timeline_events}
 print("STATE " + json.dumps(state), flush=True)
 """
 
@@ -217,6 +218,9 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     assert logs["raylet.out"] == logs["gcs_server.out"] == ["Metrics agent not available"], logs
     assert [name for name, words in logs.items() if name.startswith("python-core-worker-") and words] != []
     assert not any("Initializing exporter" in words or "exporter agent" in words for words in logs.values()), logs
+    # No task events either (LEAN_SYSTEM_CONFIG): nothing reads them without a dashboard, and the driver's shutdown
+    # would wait to flush them. A Ray with them records the fits' tasks (test_cluster_task_runner.py compares).
+    assert state["timeline_events"] == 0
     assert "exporter agent" not in output
     assert state["first_ports_released"]  # the first Ray's reservation ended when the user shut it down
     # The driver's fast shutdown left nothing of the session running (bounded wait for the reaping).

@@ -86,7 +86,8 @@ with make_task_runner(None, "http://127.0.0.1:9/api") as runner:
                    "same_ray": ray._private.worker._global_node.get_session_dir_path() == session,
                    "task": ray.get(env_and_modules.remote())}
     adopted["up_after"] = ray.is_initialized()
-    print("STATE " + json.dumps({"alive": alive, "task": ray.get(env_and_modules.remote()),
+    timeline_events = len(ray.timeline())  # task events: none recorded in a lean Ray
+    print("STATE " + json.dumps({"alive": alive, "task": ray.get(env_and_modules.remote()), "timeline": timeline_events,
                                  "env_here": os.environ.get("PREFECT_API_URL"), "adopted": adopted,
                                  "metrics_agent_port": ray.nodes()[0]["MetricsAgentPort"]}), flush=True)
 print("DOWN_AFTER " + json.dumps(not ray.is_initialized()), flush=True)
@@ -94,6 +95,15 @@ print("DOWN_AFTER " + json.dumps(not ray.is_initialized()), flush=True)
 fresh = make_task_runner(None, "http://127.0.0.1:9/api").duplicate()
 with fresh:
     print("FRESH " + json.dumps([fresh._owns_ray, fresh.workers_have_env]), flush=True)
+# Ray's defaults, for comparison: the same task is recorded.
+ray.init(address="local", include_dashboard=False)
+ray.get(env_and_modules.remote())
+import time
+deadline = time.monotonic() + 20  # a worker sends its task events every second
+while not (events := len(ray.timeline())) and time.monotonic() < deadline:
+    time.sleep(0.5)
+print("DEFAULT_TIMELINE " + json.dumps(events), flush=True)
+ray.shutdown()
 """
 
 
@@ -128,6 +138,10 @@ def test_local_runner_starts_a_lean_ray_whose_workers_have_the_env_and_torch(no_
     lines = out.stdout.splitlines()
     assert json.loads(next(line for line in lines if line.startswith("DOWN_AFTER "))[11:]) is True
     assert json.loads(next(line for line in lines if line.startswith("FRESH "))[6:]) == [True, True]
+    # No task events in the lean Ray (LEAN_SYSTEM_CONFIG): nothing reads them without a dashboard, and the driver's
+    # shutdown waits ~0.2 s to flush them. Ray's defaults record the same task.
+    assert state["timeline"] == 0
+    assert json.loads(next(line for line in lines if line.startswith("DEFAULT_TIMELINE "))[17:]) > 0
 
 
 def test_a_cluster_runner_prints_the_workers_lines_whole(no_ray_env, monkeypatch):

@@ -14,7 +14,7 @@ raylet. That goes with the raylet being given every agent port (``agent_ports.py
 :func:`with_stand_in`): nothing writes the agent's ports to its files, and the raylet would wait for
 them. Reserved and never listened on, a connection to them is refused at once; the metrics agent's
 port is given as -1 (none), so no process waits for an exporter that is not there. Ray's metrics
-collection is off in such a node (:data:`LEAN_SYSTEM_CONFIG`), so none records metrics for it either.
+collection is off in such a node (:data:`NO_METRICS_SYSTEM_CONFIG`), so none records metrics for it either.
 
 A user who wants the agent (Ray's metrics) starts Ray before ``fit()``: a Ray that trainlib did not
 start is never changed.
@@ -29,7 +29,7 @@ import sys
 AGENT_COMMAND_FLAG = "--dashboard_agent_command="
 STAND_IN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboard_agent_stand_in.py")
 # For ray.init's _system_config: nothing would export the metrics.
-LEAN_SYSTEM_CONFIG = {"enable_metrics_collection": False}
+NO_METRICS_SYSTEM_CONFIG = {"enable_metrics_collection": False}  # part of embedded_ray.LEAN_SYSTEM_CONFIG
 
 
 def stand_in_command() -> list[str]:
