@@ -86,15 +86,14 @@ with make_task_runner(None, "http://127.0.0.1:9/api") as runner:
                    "same_ray": ray._private.worker._global_node.get_session_dir_path() == session,
                    "task": ray.get(env_and_modules.remote())}
     adopted["up_after"] = ray.is_initialized()
-    timeline_events = len(ray.timeline())  # task events: none recorded in a lean Ray
-    print("STATE " + json.dumps({"alive": alive, "task": ray.get(env_and_modules.remote()), "timeline": timeline_events,
-                                 "env_here": os.environ.get("PREFECT_API_URL"), "adopted": adopted,
-                                 "metrics_agent_port": ray.nodes()[0]["MetricsAgentPort"]}), flush=True)
-print("DOWN_AFTER " + json.dumps(not ray.is_initialized()), flush=True)
+    state = {"alive": alive, "task": ray.get(env_and_modules.remote()), "adopted": adopted,
+             "timeline": len(ray.timeline()),  # task events: none recorded in a lean Ray
+             "env_here": os.environ.get("PREFECT_API_URL"), "metrics_agent_port": ray.nodes()[0]["MetricsAgentPort"]}
+state["down_after"] = not ray.is_initialized()
 # A duplicate of a runner that was not entered starts a Ray of its own, as Prefect's flows always did.
 fresh = make_task_runner(None, "http://127.0.0.1:9/api").duplicate()
 with fresh:
-    print("FRESH " + json.dumps([fresh._owns_ray, fresh.workers_have_env]), flush=True)
+    state["fresh"] = [fresh._owns_ray, fresh.workers_have_env]
 # Ray's defaults, for comparison: the same task is recorded.
 ray.init(address="local", include_dashboard=False)
 ray.get(env_and_modules.remote())
@@ -102,8 +101,9 @@ import time
 deadline = time.monotonic() + 20  # a worker sends its task events every second
 while not (events := len(ray.timeline())) and time.monotonic() < deadline:
     time.sleep(0.5)
-print("DEFAULT_TIMELINE " + json.dumps(events), flush=True)
+state["default_timeline"] = events
 ray.shutdown()
+print("STATE " + json.dumps(state), flush=True)
 """
 
 
@@ -135,13 +135,12 @@ def test_local_runner_starts_a_lean_ray_whose_workers_have_the_env_and_torch(no_
     # environment (no runtime_env needed), and left it up; the runner that started Ray stopped it.
     assert state["adopted"] == {"workers_have_env": True, "owns_ray": False, "same_ray": True,
                                 "task": ["http://127.0.0.1:9/api", True], "up_after": True}
-    lines = out.stdout.splitlines()
-    assert json.loads(next(line for line in lines if line.startswith("DOWN_AFTER "))[11:]) is True
-    assert json.loads(next(line for line in lines if line.startswith("FRESH "))[6:]) == [True, True]
+    assert state["down_after"] is True
+    assert state["fresh"] == [True, True]
     # No task events in the lean Ray (LEAN_SYSTEM_CONFIG): nothing reads them without a dashboard, and the driver's
     # shutdown waits ~0.2 s to flush them. Ray's defaults record the same task.
     assert state["timeline"] == 0
-    assert json.loads(next(line for line in lines if line.startswith("DEFAULT_TIMELINE "))[17:]) > 0
+    assert state["default_timeline"] > 0
 
 
 def test_a_cluster_runner_prints_the_workers_lines_whole(no_ray_env, monkeypatch):

@@ -64,7 +64,8 @@ WORKER_PRELOAD_MODULES = (*TORCH_MODULES, WORKER_MODULE)  # a Ray that runs Torc
 # Ray's settings for a lean local node: no metrics (no agent exports them: dashboard_agent.py), and no task events.
 # Those feed Ray's State API and ray.timeline(), through a dashboard such a node does not run; every process of it
 # would record and send them each second, and the driver's shutdown waits ~0.2 s to flush its own (0.08-0.11 s
-# against 0.31-0.33 s, measured). A user who wants either starts Ray before fit(): trainlib never changes that Ray.
+# against 0.31-0.33 s: bench/results/task_events_ab.md). Whoever wants either starts Ray before fit(), which trainlib
+# never changes.
 LEAN_SYSTEM_CONFIG = {**NO_METRICS_SYSTEM_CONFIG, "task_events_report_interval_ms": 0}
 
 # Daemons of a local head node that an embedded trainlib run never uses (Ray's process-type names):
