@@ -23,9 +23,8 @@ from prefect_ray import RayTaskRunner
 
 from tasks.domain.reachability import check_reachable
 # trainlib's own lean start of a local Ray; the pipeline's local Ray is started by prefect-ray.
-from trainlib._internal.execution.embedded_ray import (
-    LEAN_SYSTEM_CONFIG, WORKER_PRELOAD_MODULES, LeanLocalRay, lean_local_start,
-)
+from trainlib._internal.execution.embedded_ray import LEAN_SYSTEM_CONFIG, LeanLocalRay, lean_local_start
+from trainlib._internal.execution.worker_preload import WORKER_PRELOAD_MODULES, preload_python_modules
 from trainlib._internal.execution.worker_logs import print_whole_lines
 from trainlib._internal.util.environ import environment
 
@@ -173,7 +172,9 @@ def local_task_runner(preload: Iterable[str] = (), worker_env: Mapping[str, str]
     prepares instead of in the first task each runs. ``worker_env``: environment variables for
     every worker (see :class:`LocalRayTaskRunner`).
     """
-    init_kwargs["_system_config"] = {**LEAN_SYSTEM_CONFIG, **({"preload_python_modules": list(preload)} if preload else {})}
+    # Without worker_setup: the pipeline's tasks import Ray's serializers' libraries anyway (lazy_serializers.py).
+    modules = preload_python_modules(preload, lazy_serializers=False) if preload else []
+    init_kwargs["_system_config"] = {**LEAN_SYSTEM_CONFIG, **({"preload_python_modules": modules} if modules else {})}
     return LocalRayTaskRunner(address="local", init_kwargs={"include_dashboard": False, **init_kwargs},
                               worker_env=worker_env)
 

@@ -20,9 +20,10 @@ from conftest import REPO_ROOT, TESTS_DIR, pid_running
 from malloc_probe import PAGES
 
 SCRIPT = r"""
-import json, sys
+import gc, json, sys
 import ray
 import trainlib
+import bulk_import_probe
 from malloc_probe import refaulted_pages
 from trainlib._internal.util.allocator import step_allocations_kept
 from trainlib.torch import TorchTrainer
@@ -36,11 +37,14 @@ def train_func(config):
     print(f"WORKER_SAYS rank={trainlib.get_context().get_world_rank()} fit={config['fit']}", flush=True)
     trainlib.report({"fit": config["fit"], "torch_loaded": "torch" in sys.modules,
                      "serializer_libraries_loaded": serializer_libraries(), "refaulted": refaulted_pages(),
-                     "malloc_kept": step_allocations_kept()})
+                     "malloc_kept": step_allocations_kept(),
+                     # The worker imported the probe as it unpickled this function: with the collector paused;
+                     # now it is on, and the preload's and the unpickling's survivors are frozen.
+                     "collector": [bulk_import_probe.COLLECTOR_ON_AT_IMPORT, gc.isenabled(), gc.get_freeze_count() > 0]})
     print(f"WORKER_ENDS rank={trainlib.get_context().get_world_rank()} fit={config['fit']}")
 
 
-results, torch_loaded, serializer_libraries_loaded, refaulted, malloc_kept = [], [], [], [], []
+results, torch_loaded, serializer_libraries_loaded, refaulted, malloc_kept, collector = [], [], [], [], [], []
 # The first fit starts Ray: a trainer without a framework has its workers preload no torch. The lean Ray
 # then serves a second fit() in the same process, a TorchTrainer's.
 for fit, trainer_class in ((1, trainlib.DataParallelTrainer), (2, TorchTrainer)):
@@ -52,6 +56,7 @@ for fit, trainer_class in ((1, trainlib.DataParallelTrainer), (2, TorchTrainer))
     serializer_libraries_loaded.append(result.metrics["serializer_libraries_loaded"])
     refaulted.append(result.metrics["refaulted"])
     malloc_kept.append(result.metrics["malloc_kept"])
+    collector.append(result.metrics["collector"])
 node = ray._private.worker._global_node
 alive = {kind: [info.process.poll() is None for info in infos] for kind, infos in node.all_processes.items()}
 # The ports the raylet was given for its agents (agent_ports.py), against the ones the agents wrote once they listened.
@@ -115,7 +120,8 @@ results.append(trainlib.DataParallelTrainer(
 import threading
 readers = [t.name for t in threading.enumerate() if t.name == "trainlib-worker-logs"]
 state = {"results": results, "torch_loaded": torch_loaded, "serializer_libraries_loaded": serializer_libraries_loaded,
-         "refaulted": refaulted, "malloc_kept": malloc_kept,
+         "refaulted": refaulted, "malloc_kept": malloc_kept, "collector": collector,
+         "driver_collector": [gc.isenabled(), gc.get_freeze_count()],
          "alive": alive, "session_dir": session_dir, "log_readers": len(readers),
          "ports_given": given, "ports_written": written,
          "listen_flag": [arg for arg in raylet_cmd if arg.startswith("--dashboard_agent_listen_port=")],
@@ -173,6 +179,11 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     # process, 0 in one CI run), so only the settings are checked there; test_allocator.py compares the
     # two in fresh processes.
     assert state["malloc_kept"] == [False, True]
+    # The workers imported in bulk without the cyclic collector (bulk_imports.py): the preload (none but trainlib's
+    # own for the first fit, torch for the second) and the training function's modules; then it was back on. The
+    # driver, the user's process, is left as it is.
+    assert state["collector"] == [[False, True, True], [False, True, True]]
+    assert state["driver_collector"] == [True, 0]
     assert state["refaulted"][1] < PAGES / 10, state["refaulted"]
     # The daemons an embedded run never uses were not started (the dashboard head, the autoscaler monitor);
     # the ones it needs still run.

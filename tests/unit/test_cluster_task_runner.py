@@ -69,8 +69,9 @@ from flows.task_runner import make_task_runner
 with make_task_runner(None, "http://127.0.0.1:9/api") as runner:
     @ray.remote
     def env_and_modules():
-        import sys
-        return os.environ.get("PREFECT_API_URL"), "torch" in sys.modules
+        import gc, sys
+        # The preload ran without the cyclic collector (bulk_imports.py): on now, the preload's survivors frozen.
+        return os.environ.get("PREFECT_API_URL"), "torch" in sys.modules, gc.isenabled(), gc.get_freeze_count() > 0
 
     node = ray._private.worker._global_node
     for info in node.all_processes.get("monitor", []):  # killed as Ray came up; give it time to be reaped
@@ -96,7 +97,7 @@ with fresh:
     state["fresh"] = [fresh._owns_ray, fresh.workers_have_env]
 # Ray's defaults, for comparison: the same task is recorded.
 ray.init(address="local", include_dashboard=False)
-ray.get(env_and_modules.remote())
+state["default_task"] = ray.get(env_and_modules.remote())
 import time
 deadline = time.monotonic() + 20  # a worker sends its task events every second
 while not (events := len(ray.timeline())) and time.monotonic() < deadline:
@@ -129,12 +130,15 @@ def test_local_runner_starts_a_lean_ray_whose_workers_have_the_env_and_torch(no_
     assert state["metrics_agent_port"] == -1
     # The worker inherited the flow's Prefect URL from the raylet and had torch preloaded; this process
     # got its environment back after Ray started.
-    assert state["task"] == ["http://127.0.0.1:9/api", True]
+    # It imported that in bulk without the cyclic collector, which is back on (bulk_imports.py); a worker of a Ray
+    # with Ray's defaults preloads nothing and freezes nothing.
+    assert state["task"] == ["http://127.0.0.1:9/api", True, True, True]
+    assert state["default_task"] == [None, False, True, False]
     assert state["env_here"] is None
     # The duplicate Prefect enters for the steps' subflow ran its tasks on that Ray, whose workers have the
     # environment (no runtime_env needed), and left it up; the runner that started Ray stopped it.
     assert state["adopted"] == {"workers_have_env": True, "owns_ray": False, "same_ray": True,
-                                "task": ["http://127.0.0.1:9/api", True], "up_after": True}
+                                "task": ["http://127.0.0.1:9/api", True, True, True], "up_after": True}
     assert state["down_after"] is True
     assert state["fresh"] == [True, True]
     # No task events in the lean Ray (LEAN_SYSTEM_CONFIG): nothing reads them without a dashboard, and the driver's

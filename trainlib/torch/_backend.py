@@ -6,7 +6,7 @@ import datetime
 import os
 from typing import Any
 
-from trainlib._internal.execution.embedded_ray import TORCH_MODULES
+from trainlib._internal.execution.worker_preload import TORCH_MODULES
 from trainlib._internal.execution.spec import WorkerInfo
 from trainlib._internal.execution.worker import WorkerBackend
 from trainlib._internal.util.allocator import keep_step_allocations

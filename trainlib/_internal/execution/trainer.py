@@ -13,7 +13,8 @@ import uuid
 from typing import Any, Callable
 
 from trainlib._internal.execution.controller import Controller
-from trainlib._internal.execution.embedded_ray import WORKER_MODULE, ensure_ray, note_fit_ended
+from trainlib._internal.execution.embedded_ray import ensure_ray, note_fit_ended
+from trainlib._internal.execution.worker_preload import WORKER_MODULE
 from trainlib._internal.execution.local_mode import check_not_under_torchrun, fit_in_this_process
 from trainlib._internal.execution.monitor import ScalingPolicy
 from trainlib._internal.execution.placement import available_workers

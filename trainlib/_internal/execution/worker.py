@@ -15,6 +15,7 @@ import socket
 import threading
 from typing import Any
 
+from trainlib._internal.execution.bulk_imports import collector_paused
 from trainlib._internal.execution.messages import WorkerMessage, drained
 from trainlib._internal.execution.session import WorkerSession, set_session
 from trainlib._internal.execution import user_code
@@ -61,7 +62,8 @@ class TrainWorker:
     def __init__(self, backend: WorkerBackend, num_cpus: float, env: dict[str, str]):
         os.environ.update(env)
         self.backend = backend
-        self.backend.on_actor_start(num_cpus)
+        with collector_paused():  # on a cluster, where nothing was preloaded, it imports the framework
+            self.backend.on_actor_start(num_cpus)
         self.outbox: queue.Queue[WorkerMessage] = queue.Queue()
         self.session: WorkerSession | None = None
 
@@ -105,7 +107,8 @@ class TrainWorker:
                 import ray
 
                 train_fn = ray.get(train_fn)  # the driver put it once into the object store
-            call = train_fn.load()
+            with collector_paused():  # unpickling it imports the user's modules (torchvision: ~1 s)
+                call = train_fn.load()
             self.session.device = self.backend.on_start(self.session.info)
             value = call()
             self.backend.on_shutdown()
