@@ -62,8 +62,6 @@ LEAN_SYSTEM_CONFIG = {**NO_METRICS_SYSTEM_CONFIG, "task_events_report_interval_m
 # stopped once Ray is up, if a Ray whose start without_unused_daemons() could not change started them.
 UNUSED_DAEMONS = ("dashboard", "monitor")
 
-
-
 _started_here = False
 _last_fit_end = 0.0
 _local_ray: LeanLocalRay | None = None  # what the embedded Ray keeps in this process, until it is shut down
