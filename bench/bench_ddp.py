@@ -30,6 +30,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "gradient_as_bucket_view": {"gradient_as_bucket_view": True},
     "bucket view + bucket_cap_mb=100": {"gradient_as_bucket_view": True, "bucket_cap_mb": 100},
     "bucket view + static_graph": {"gradient_as_bucket_view": True, "static_graph": True},
+    # Smaller buckets: less of the allreduce left after the backward pass, more calls.
+    "bucket view + bucket_cap_mb=10": {"gradient_as_bucket_view": True, "bucket_cap_mb": 10},
+    "bucket view + bucket_cap_mb=4": {"gradient_as_bucket_view": True, "bucket_cap_mb": 4},
 }
 BATCH = 128
 
