@@ -6,6 +6,7 @@ trainlib ships these functions by value, and the test's ``runtime_env`` ships tr
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import tempfile
@@ -57,7 +58,9 @@ def spread_train_func(config):
         total += float(t.item())
         time.sleep(config.get("sleep_s", 0.0))
         metrics = {"step": step, "total": total, "start_step": start, "attempt": ctx.get_attempt(),
-                   "num_nodes": len(set(ips))}
+                   "num_nodes": len(set(ips)),
+                   # The actor imported torch, and unpickled this function, with the collector paused (bulk_imports.py).
+                   "collector": [gc.isenabled(), gc.get_freeze_count() > 0]}
         with tempfile.TemporaryDirectory() as folder:
             if rank == 0:
                 with open(os.path.join(folder, "state.json"), "w") as f:
