@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 WORKER_MODULE = "trainlib._internal.execution.worker"
-# Imported before the others but the first, by every worker of the embedded Ray: Ray's serializers for pyarrow, pydantic and
-# starlette wait for those libraries instead of importing them (~50 MB a process; lazy_serializers.py).
+# Imported second (after PRELOAD_BEGIN_MODULE) by every worker of the embedded Ray: Ray's serializers for pyarrow,
+# pydantic and starlette wait for those libraries instead of importing them (~50 MB a process; lazy_serializers.py).
 WORKER_SETUP_MODULE = "trainlib._internal.execution.worker_setup"
 # Imported first and last, around all the others: the preload runs without the cyclic collector (bulk_imports.py).
 PRELOAD_BEGIN_MODULE = "trainlib._internal.execution.preload_begin"
