@@ -24,6 +24,7 @@ WORKER_PRELOAD_MODULES = (*TORCH_MODULES, WORKER_MODULE)  # a Ray that runs Torc
 
 def preload_python_modules(preload: Sequence[str], *, lazy_serializers: bool = True) -> list[str]:
     """Ray's ``preload_python_modules`` for a lean local Ray's workers: ``preload`` with the cyclic collector paused
-    around it, after :data:`WORKER_SETUP_MODULE` (Ray's serializers wait for their libraries) if ``lazy_serializers``."""
+    around it, after :data:`WORKER_SETUP_MODULE` (Ray's serializers wait for their libraries) if
+    ``lazy_serializers``."""
     setup = [WORKER_SETUP_MODULE] if lazy_serializers else []
     return [PRELOAD_BEGIN_MODULE, *setup, *preload, PRELOAD_END_MODULE]
