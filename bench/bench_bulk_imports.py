@@ -73,8 +73,8 @@ def main() -> int:
         f"({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC). Fresh processes, modes alternated; "
         f"medians of {args.repeats}; CPU seconds of the process. {os.cpu_count()} cores; load average before "
         f"{load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}.", "",
-        "| collector | preload (torch, torch.distributed, worker module), CPU s | the function's modules (torchvision), "
-        "CPU s | both, CPU s |",
+        "| collector | preload (torch, torch.distributed, worker module), CPU s "
+        "| the function's modules (torchvision), CPU s | both, CPU s |",
         "|---|---|---|---|",
     ]
     lines += [f"| {mode} | {m['preload_cpu_s']:.3f} | {m['function_modules_cpu_s']:.3f} | {m['total_cpu_s']:.3f} |"

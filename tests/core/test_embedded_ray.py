@@ -40,7 +40,8 @@ def train_func(config):
                      "malloc_kept": step_allocations_kept(),
                      # The worker imported the probe as it unpickled this function: with the collector paused;
                      # now it is on, and the preload's and the unpickling's survivors are frozen.
-                     "collector": [bulk_import_probe.COLLECTOR_ON_AT_IMPORT, gc.isenabled(), gc.get_freeze_count() > 0]})
+                     "collector": [bulk_import_probe.COLLECTOR_ON_AT_IMPORT, gc.isenabled(),
+                                   gc.get_freeze_count() > 0]})
     print(f"WORKER_ENDS rank={trainlib.get_context().get_world_rank()} fit={config['fit']}")
 
 
