@@ -22,11 +22,8 @@ import statistics
 import subprocess
 import sys
 
+from bench_overhead import RESULTS, job_env
 from results_files import write_results
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JOBS = os.path.join(REPO, "bench", "jobs")
-RESULTS = os.path.join(REPO, "bench", "results")
 
 PROBE = r"""
 import contextlib, json, sys, time
@@ -54,7 +51,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--results-dir", default=RESULTS)
     args = parser.parse_args()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([JOBS, REPO])}
+    env = job_env()  # the jobs' own: bench/jobs (the job's common module) and this checkout on the path
     runs = []
     load_before = os.getloadavg()
     for index in range(args.repeats * len(MODES)):

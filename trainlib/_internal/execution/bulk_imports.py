@@ -43,9 +43,9 @@ def resume() -> None:
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """The block runs with the collector paused (:func:`pause`, then :func:`resume`, also if it raises). Nested
-    blocks, and blocks inside a preload that paused it, leave the resume to the outermost."""
-    if _paused or not gc.isenabled():
+    """The block runs with the collector paused (:func:`pause`, then :func:`resume`, also if it raises). A collector
+    that is already off (an outer block's, a preload's or its owner's doing) is left to whoever turned it off."""
+    if not gc.isenabled():
         yield
         return
     pause()
