@@ -10,8 +10,17 @@ Adam, for every DDP configuration, in a rotated order; then one process alone
 (no DDP, 1 thread) for the single-process rate. Per configuration it reports the
 median step time, the median time of one allreduce of all gradients (the same
 bytes DDP sends per step, timed alone after the steps) and the peak RSS of rank 0.
-Timings are medians over rounds; the load average is recorded with them, since
-this machine is shared.
+Every process allocates as trainlib's workers do (``--malloc trainlib``, the default:
+trainlib/_internal/util/allocator.py) or with glibc's defaults, as torchrun's ranks
+(``--malloc glibc``). Timings are medians over rounds; the load average is recorded
+with them, since this machine is shared.
+
+Where each configuration's step goes, against two processes at once without DDP (rank 0,
+ms per step): forward, backward, optimizer; the part of backward after the last gradient
+was accumulated (waiting for the last buckets' allreduce); and the CPU per step of the
+training thread, of gloo's threads (``gloo_tcp_loop``, ``pt_gloo_runloop``: the allreduce's
+copies, sums and socket I/O, on the same cores) and the time the training thread was not
+running (waiting on the other rank or preempted by gloo).
 """
 
 from __future__ import annotations
@@ -33,8 +42,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # Smaller buckets: less of the allreduce left after the backward pass, more calls.
     "bucket view + bucket_cap_mb=10": {"gradient_as_bucket_view": True, "bucket_cap_mb": 10},
     "bucket view + bucket_cap_mb=4": {"gradient_as_bucket_view": True, "bucket_cap_mb": 4},
+    # torch 2.14's: one copy and one division per bucket instead of per parameter (fewer kernel calls).
+    "bucket view + batched_grad_copy": {"gradient_as_bucket_view": True, "batched_grad_copy": True},
+    # No broadcast of rank 0's BatchNorm buffers before each forward (a second sync point per step).
+    "bucket view + no buffer sync in forward": {"gradient_as_bucket_view": True, "forward_sync_buffers": False},
 }
 BATCH = 128
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MALLOC_NAMES = {"trainlib": "trainlib's workers' malloc settings",
+                "glibc": "glibc's default malloc (as torchrun's ranks)"}
 
 
 def _model():
@@ -46,25 +62,76 @@ def _model():
     return model
 
 
-def _train(model, steps: int, warmup: int) -> list[float]:
+def _set_malloc(malloc: str) -> None:
+    """``trainlib``: this process allocates as trainlib's workers do (step-sized blocks kept on the heap,
+    trainlib/_internal/util/allocator.py); ``glibc``: glibc's defaults, as torchrun's ranks."""
+    if malloc == "trainlib":
+        sys.path.insert(0, REPO)
+        from trainlib._internal.util.allocator import keep_step_allocations
+
+        if not keep_step_allocations():
+            raise RuntimeError("trainlib's malloc settings were not applied (not glibc, or MALLOC_* set): "
+                               "run with --malloc glibc")
+
+
+def _thread_cpu_s() -> dict[str, float]:
+    """CPU seconds so far of this process's threads: the training (main) thread, gloo's threads, the others."""
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu = {"train": 0.0, "gloo": 0.0, "other": 0.0}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        kind = "train" if int(tid) == os.getpid() else "gloo" if "gloo" in name else "other"
+        cpu[kind] += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return cpu
+
+
+def _train(model, steps: int, warmup: int) -> dict[str, float]:
+    """Train ``steps`` steps; medians (s) of the steps after ``warmup``: each phase, and CPU per step by thread."""
     import torch
 
     torch.manual_seed(0)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     criterion = torch.nn.CrossEntropyLoss()
     images, labels = torch.randn(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,))
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
+    last_grad = [0.0]  # when the step's latest gradient was accumulated
+
+    def mark(_param) -> None:
+        last_grad[0] = time.perf_counter()
+
+    for param in model.parameters():
+        param.register_post_accumulate_grad_hook(mark)
+    rows: list[tuple[float, ...]] = []
+    cpu_start = wall_start = None
+    for step in range(steps):
+        if step == warmup:
+            cpu_start, wall_start = _thread_cpu_s(), time.perf_counter()
+        t0 = time.perf_counter()
         loss = criterion(model(images), labels)
+        t1 = time.perf_counter()
         optimizer.zero_grad()
         loss.backward()
+        t2 = time.perf_counter()
         optimizer.step()
-        times.append(time.perf_counter() - t)
-    return times[warmup:]
+        t3 = time.perf_counter()
+        rows.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2, t2 - last_grad[0]))
+    cpu_end, wall = _thread_cpu_s(), time.perf_counter() - wall_start
+    kept = rows[warmup:]
+    out = {name: statistics.median(row[i] for row in kept)
+           for i, name in enumerate(("step_s", "forward_s", "backward_s", "optimizer_s", "after_last_grad_s"))}
+    for kind in cpu_end:
+        out[f"cpu_{kind}_s"] = (cpu_end[kind] - cpu_start[kind]) / len(kept)
+    out["mean_step_s"] = wall / len(kept)
+    return out
 
 
-def _rank(rank: int, port: int, kwargs: dict, steps: int, warmup: int, out: str) -> None:
+def _rank(rank: int, port: int, kwargs: dict, steps: int, warmup: int, out: str, malloc: str) -> None:
+    _set_malloc(malloc)
     import psutil
     import torch
     import torch.distributed as dist
@@ -72,7 +139,7 @@ def _rank(rank: int, port: int, kwargs: dict, steps: int, warmup: int, out: str)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     model = torch.nn.parallel.DistributedDataParallel(_model(), **kwargs)
-    step_times = _train(model, steps, warmup)
+    phases = _train(model, steps, warmup)
     grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     allreduce = []
     for _ in range(5):
@@ -82,19 +149,20 @@ def _rank(rank: int, port: int, kwargs: dict, steps: int, warmup: int, out: str)
         allreduce.append(time.perf_counter() - t)
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"step_s": statistics.median(step_times), "allreduce_s": statistics.median(allreduce),
+            json.dump({**phases, "allreduce_s": statistics.median(allreduce),
                        "grad_mb": grads.numel() * 4 / 2**20, "rss_bytes": psutil.Process().memory_info().rss}, f)
     dist.destroy_process_group()
 
 
-def _single(steps: int, warmup: int, out: str) -> None:
+def _single(steps: int, warmup: int, out: str, malloc: str) -> None:
+    _set_malloc(malloc)
     import psutil
     import torch
 
     torch.set_num_threads(1)
-    step_times = _train(_model(), steps, warmup)
+    phases = _train(_model(), steps, warmup)
     with open(out, "w") as f:
-        json.dump({"step_s": statistics.median(step_times), "rss_bytes": psutil.Process().memory_info().rss}, f)
+        json.dump({**phases, "rss_bytes": psutil.Process().memory_info().rss}, f)
 
 
 def _free_port() -> int:
@@ -105,11 +173,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_pair(kwargs: dict, steps: int, warmup: int, out: str) -> dict[str, Any]:
+def run_pair(kwargs: dict, steps: int, warmup: int, out: str, malloc: str = "trainlib") -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     port = _free_port()
-    procs = [mp.get_context("spawn").Process(target=_rank, args=(r, port, kwargs, steps, warmup, out)) for r in (0, 1)]
+    procs = [mp.get_context("spawn").Process(target=_rank, args=(r, port, kwargs, steps, warmup, out, malloc))
+             for r in (0, 1)]
     for p in procs:
         p.start()
     for p in procs:
@@ -120,13 +189,13 @@ def run_pair(kwargs: dict, steps: int, warmup: int, out: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def run_single(steps: int, warmup: int, out: str, side_by_side: int = 1) -> dict[str, Any]:
+def run_single(steps: int, warmup: int, out: str, side_by_side: int = 1, malloc: str = "trainlib") -> dict[str, Any]:
     """One process alone (``side_by_side=1``), or that many at once with no communication: what two
     ranks would reach if the allreduce were free (they still share the caches and memory bandwidth)."""
     import torch.multiprocessing as mp
 
     outs = [out if i == 0 else f"{out}.{i}" for i in range(side_by_side)]
-    procs = [mp.get_context("spawn").Process(target=_single, args=(steps, warmup, o)) for o in outs]
+    procs = [mp.get_context("spawn").Process(target=_single, args=(steps, warmup, o, malloc)) for o in outs]
     for p in procs:
         p.start()
     for p in procs:
@@ -146,7 +215,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"DDP on CPU/gloo, tutorial ResNet18, batch {BATCH} per rank, 2 ranks x 1 thread on "
         f"{os.cpu_count()} CPUs; {s['steps']} steps (first {s['warmup']} skipped), median of {s['rounds']} "
-        f"round(s), configurations in rotated order. Load average before/after: "
+        f"round(s), configurations in rotated order; every process with "
+        f"{MALLOC_NAMES[s.get('malloc', 'glibc')]}. Load average before/after: "
         f"{'/'.join(f'{x:.2f}' for x in report['load_average_before'])} / "
         f"{'/'.join(f'{x:.2f}' for x in report['load_average_after'])} (shared machine).",
         "",
@@ -168,7 +238,37 @@ def markdown(report: dict[str, Any]) -> str:
             f"{(2 * BATCH / row['step_s']) / (2 * BATCH / single['step_s']):.2f} | {row['allreduce_s'] * 1000:.0f} "
             f"({row['grad_mb']:.0f} MB) | {row['rss_bytes'] / 2**20:.0f} |"
         )
+    pair = report["pair"]
+    lines += [
+        "",
+        "Where a step goes, ms per step (rank 0; the first row: two processes at once, no DDP). \"after last "
+        "grad\": the part of backward after the last gradient was accumulated, waiting for the last buckets' "
+        "allreduce. CPU: the training thread's and gloo's threads'; \"not running\": the training thread's wall "
+        "time without CPU (waiting on the other rank, or its core taken by gloo or another process).",
+        "",
+        "| configuration | step | forward | backward | of it after last grad | optimizer | CPU: training thread "
+        "| CPU: gloo threads | training thread not running |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in [("two processes, no DDP", pair), *report["configs"].items()]:
+        if "forward_s" not in row:  # written before the phases were measured
+            continue
+        cells = [row["step_s"], row["forward_s"], row["backward_s"], row["after_last_grad_s"], row["optimizer_s"],
+                 row["cpu_train_s"], row["cpu_gloo_s"], row["mean_step_s"] - row["cpu_train_s"]]
+        lines.append(f"| {name} | " + " | ".join(f"{c * 1000:.0f}" for c in cells) + " |")
+    if report.get("skipped"):
+        lines += ["", "Not measured (this torch's DistributedDataParallel lacks the option): "
+                  + ", ".join(report["skipped"]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _supported(kwargs: dict[str, Any]) -> bool:
+    """Whether this torch's DistributedDataParallel takes every option in ``kwargs`` (some are torch 2.14's)."""
+    import inspect
+
+    import torch
+
+    return set(kwargs) <= set(inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--malloc", choices=("trainlib", "glibc"), default="trainlib",
+                        help="every process with trainlib's workers' malloc settings, or glibc's defaults (torchrun's)")
     parser.add_argument("--results-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)
     if args.steps <= args.warmup + 1:
@@ -183,17 +285,18 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.results_dir, exist_ok=True)
     tmp = os.path.join(args.results_dir, ".ddp_rank0.json")
     load_before = os.getloadavg()
-    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIGS}
+    names = [name for name in CONFIGS if _supported(CONFIGS[name])]
+    skipped = [name for name in CONFIGS if name not in names]
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     singles, pairs = [], []
-    names = list(CONFIGS)
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name].append(run_pair(CONFIGS[name], args.steps, args.warmup, tmp))
+            samples[name].append(run_pair(CONFIGS[name], args.steps, args.warmup, tmp, args.malloc))
             print(f"[round {r + 1}] {name}: {samples[name][-1]['step_s'] * 1000:.0f} ms/step, allreduce "
                   f"{samples[name][-1]['allreduce_s'] * 1000:.0f} ms, load {os.getloadavg()[0]:.1f}", flush=True)
-        singles.append(run_single(args.steps, args.warmup, tmp))
+        singles.append(run_single(args.steps, args.warmup, tmp, malloc=args.malloc))
         print(f"[round {r + 1}] single process: {singles[-1]['step_s'] * 1000:.0f} ms/step", flush=True)
-        pairs.append(run_single(args.steps, args.warmup, tmp, side_by_side=2))
+        pairs.append(run_single(args.steps, args.warmup, tmp, side_by_side=2, malloc=args.malloc))
         print(f"[round {r + 1}] two processes, no DDP: {pairs[-1]['step_s'] * 1000:.0f} ms/step", flush=True)
     os.remove(tmp)
 
@@ -202,10 +305,12 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "settings": {"steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "batch": BATCH},
+        "settings": {"steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "batch": BATCH,
+                     "malloc": args.malloc},
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "configs": {name: {**med(rows), "kwargs": CONFIGS[name]} for name, rows in samples.items()},
-        "single": med(singles), "pair": med(pairs), "raw": {"configs": samples, "single": singles, "pair": pairs},
+        "single": med(singles), "pair": med(pairs), "skipped": skipped,
+        "raw": {"configs": samples, "single": singles, "pair": pairs},
     }
     with open(os.path.join(args.results_dir, "ddp.json"), "w") as f:
         json.dump(report, f, indent=1)
