@@ -31,6 +31,12 @@ from trainlib._internal.util.environ import environment
 PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
 RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray for a submitted job's driver
 LOG_SEND_TIMEOUT_S = 5.0  # the most a task waits, as it ends, for its log lines to reach the Prefect API
+# Ray ends an idle worker once idle workers outnumber the free CPUs and it has idled past this (Ray's default: 1 s).
+# The train step's placement group takes every CPU just before its actors ask for workers, so Ray ended the worker
+# it had prestarted (torch already imported) in ~1 pipeline run of 7, and both actors waited for fresh workers
+# (`fit()` ~1.5 s longer). A local Ray lives for one flow run: keep an idle worker that long (10 minutes covers a
+# first download from the internet before the train step).
+IDLE_WORKER_KEEP_MS = 10 * 60 * 1000
 
 
 class PrefectAPIMissingError(RuntimeError):
@@ -174,7 +180,8 @@ def local_task_runner(preload: Iterable[str] = (), worker_env: Mapping[str, str]
     """
     # Without worker_setup: the pipeline's tasks import Ray's serializers' libraries anyway (lazy_serializers.py).
     modules = preload_python_modules(preload, lazy_serializers=False) if preload else []
-    init_kwargs["_system_config"] = {**LEAN_SYSTEM_CONFIG, **({"preload_python_modules": modules} if modules else {})}
+    init_kwargs["_system_config"] = {**LEAN_SYSTEM_CONFIG, "idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS,
+                                     **({"preload_python_modules": modules} if modules else {})}
     return LocalRayTaskRunner(address="local", init_kwargs={"include_dashboard": False, **init_kwargs},
                               worker_env=worker_env)
 

@@ -62,9 +62,39 @@ def test_reach_guard_reads_the_cluster_nodes(monkeypatch):
 
 
 LOCAL_RUNNER_SCRIPT = r"""
-import json, os
+import json, os, time
+import psutil
 import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from flows.task_runner import make_task_runner
+
+
+def actor_gets_an_idle_worker():
+    # The pipeline's train step in small: a zero-CPU task holds one worker (the train task) while another has
+    # idled over a second; then a placement group takes every CPU and an actor asks for a worker in it.
+    raylet = psutil.Process(ray._private.worker._global_node.all_processes["raylet"][0].process.pid)
+
+    def workers():
+        return {p.pid for p in raylet.children() if (p.cmdline() or [""])[0].startswith("ray::")}
+
+    hold = ray.remote(num_cpus=0)(lambda: time.sleep(3)).remote()
+    deadline = time.monotonic() + 20
+    while len(workers()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    before = workers()
+    time.sleep(1.5)
+    group = placement_group([{"CPU": 1}] * int(ray.cluster_resources()["CPU"]))
+    ray.get(group.ready())
+    time.sleep(0.6)  # Ray looks for idle workers to end every 0.2 s
+    actor = ray.remote(num_cpus=1)(type("Probe", (), {"pid": lambda self: os.getpid()})).options(
+        scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)).remote()
+    pid = ray.get(actor.pid.remote())
+    ray.kill(actor)
+    remove_placement_group(group)
+    ray.get(hold)
+    return pid in before
+
 
 with make_task_runner(None, "http://127.0.0.1:9/api") as runner:
     @ray.remote
@@ -80,6 +110,7 @@ with make_task_runner(None, "http://127.0.0.1:9/api") as runner:
         except Exception:
             pass
     alive = {kind: [i.process.poll() is None for i in infos] for kind, infos in node.all_processes.items()}
+    keeps_idle_worker = actor_gets_an_idle_worker()
     # What Prefect does for a subflow given this runner (as the pipeline does): it enters a duplicate.
     session = node.get_session_dir_path()
     with runner.duplicate() as twin:
@@ -89,7 +120,8 @@ with make_task_runner(None, "http://127.0.0.1:9/api") as runner:
     adopted["up_after"] = ray.is_initialized()
     state = {"alive": alive, "task": ray.get(env_and_modules.remote()), "adopted": adopted,
              "timeline": len(ray.timeline()),  # task events: none recorded in a lean Ray
-             "env_here": os.environ.get("PREFECT_API_URL"), "metrics_agent_port": ray.nodes()[0]["MetricsAgentPort"]}
+             "env_here": os.environ.get("PREFECT_API_URL"), "metrics_agent_port": ray.nodes()[0]["MetricsAgentPort"],
+             "keeps_idle_worker": keeps_idle_worker}
 state["down_after"] = not ray.is_initialized()
 # A duplicate of a runner that was not entered starts a Ray of its own, as Prefect's flows always did.
 fresh = make_task_runner(None, "http://127.0.0.1:9/api").duplicate()
@@ -98,6 +130,7 @@ with fresh:
 # Ray's defaults, for comparison: the same task is recorded.
 ray.init(address="local", include_dashboard=False)
 state["default_task"] = ray.get(env_and_modules.remote())
+state["default_keeps_idle_worker"] = actor_gets_an_idle_worker()
 import time
 deadline = time.monotonic() + 20  # a worker sends its task events every second
 while not (events := len(ray.timeline())) and time.monotonic() < deadline:
@@ -145,6 +178,10 @@ def test_local_runner_starts_a_lean_ray_whose_workers_have_the_env_and_torch(no_
     # shutdown waits ~0.2 s to flush them. Ray's defaults record the same task.
     assert state["timeline"] == 0
     assert state["default_timeline"] > 0
+    # An idle worker outlives the train step's placement group taking every CPU (flows/task_runner.py
+    # IDLE_WORKER_KEEP_MS), so an actor starts on it; with Ray's defaults Ray had ended it and started another.
+    assert state["keeps_idle_worker"] is True
+    assert state["default_keeps_idle_worker"] is False
 
 
 def test_a_cluster_runner_prints_the_workers_lines_whole(no_ray_env, monkeypatch):
