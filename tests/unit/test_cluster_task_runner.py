@@ -70,13 +70,25 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from flows.task_runner import make_task_runner
 
 
+class Probe:
+    def pid(self):
+        return os.getpid()
+
+
 def actor_gets_an_idle_worker():
     # The pipeline's train step in small: a zero-CPU task holds one worker (the train task) while another has
     # idled over a second; then a placement group takes every CPU and an actor asks for a worker in it.
     raylet = psutil.Process(ray._private.worker._global_node.all_processes["raylet"][0].process.pid)
 
-    def workers():
-        return {p.pid for p in raylet.children() if (p.cmdline() or [""])[0].startswith("ray::")}
+    def workers():  # the raylet's worker processes (titled ray::IDLE, ray::<task>...), not its agents
+        pids = set()
+        for child in raylet.children():
+            try:
+                if (child.cmdline() or [""])[0].startswith("ray::"):
+                    pids.add(child.pid)
+            except psutil.Error:  # ended meanwhile
+                pass
+        return pids
 
     hold = ray.remote(num_cpus=0)(lambda: time.sleep(3)).remote()
     deadline = time.monotonic() + 20
@@ -87,7 +99,7 @@ def actor_gets_an_idle_worker():
     group = placement_group([{"CPU": 1}] * int(ray.cluster_resources()["CPU"]))
     ray.get(group.ready())
     time.sleep(0.6)  # Ray looks for idle workers to end every 0.2 s
-    actor = ray.remote(num_cpus=1)(type("Probe", (), {"pid": lambda self: os.getpid()})).options(
+    actor = ray.remote(num_cpus=1)(Probe).options(
         scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)).remote()
     pid = ray.get(actor.pid.remote())
     ray.kill(actor)
