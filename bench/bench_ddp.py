@@ -34,6 +34,8 @@ import sys
 import time
 from typing import Any
 
+from bench_overhead import RESULTS
+
 CONFIGS: dict[str, dict[str, Any]] = {
     "ddp defaults": {},
     "gradient_as_bucket_view": {"gradient_as_bucket_view": True},
@@ -48,7 +50,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "bucket view + no buffer sync in forward": {"gradient_as_bucket_view": True, "forward_sync_buffers": False},
 }
 BATCH = 128
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MALLOC_NAMES = {"trainlib": "trainlib's workers' malloc settings",
                 "glibc": "glibc's default malloc (as torchrun's ranks)"}
 
@@ -65,8 +66,7 @@ def _model():
 def _set_malloc(malloc: str) -> None:
     """``trainlib``: this process allocates as trainlib's workers do (step-sized blocks kept on the heap,
     trainlib/_internal/util/allocator.py); ``glibc``: glibc's defaults, as torchrun's ranks."""
-    if malloc == "trainlib":
-        sys.path.insert(0, REPO)
+    if malloc == "trainlib":  # trainlib imports from this checkout: bench_overhead put it on the path
         from trainlib._internal.util.allocator import keep_step_allocations
 
         if not keep_step_allocations():
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--malloc", choices=("trainlib", "glibc"), default="trainlib",
                         help="every process with trainlib's workers' malloc settings, or glibc's defaults (torchrun's)")
-    parser.add_argument("--results-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--results-dir", default=RESULTS)
     args = parser.parse_args(argv)
     if args.steps <= args.warmup + 1:
         parser.error(f"--steps={args.steps} must exceed --warmup={args.warmup} by 2 or more")
