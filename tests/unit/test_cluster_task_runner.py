@@ -143,7 +143,6 @@ with fresh:
 ray.init(address="local", include_dashboard=False)
 state["default_task"] = ray.get(env_and_modules.remote())
 state["default_keeps_idle_worker"] = actor_gets_an_idle_worker()
-import time
 deadline = time.monotonic() + 20  # a worker sends its task events every second
 while not (events := len(ray.timeline())) and time.monotonic() < deadline:
     time.sleep(0.5)
