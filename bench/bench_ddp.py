@@ -32,7 +32,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from bench_overhead import RESULTS
 
@@ -91,8 +91,9 @@ def _thread_cpu_s() -> dict[str, float]:
     return cpu
 
 
-def _train(model, steps: int, warmup: int) -> dict[str, float]:
-    """Train ``steps`` steps; medians (s) of the steps after ``warmup``: each phase, and CPU per step by thread."""
+def _train(model, steps: int, warmup: int, at_warmup: Callable[[], None] | None = None) -> dict[str, float]:
+    """Train ``steps`` steps; medians (s) of the steps after ``warmup``: each phase, and CPU per step by thread.
+    ``at_warmup`` is called as the first measured step begins (bench_ddp_functions.py starts its sampling there)."""
     import torch
 
     torch.manual_seed(0)
@@ -110,6 +111,8 @@ def _train(model, steps: int, warmup: int) -> dict[str, float]:
     cpu_start = wall_start = None
     for step in range(steps):
         if step == warmup:
+            if at_warmup is not None:
+                at_warmup()
             cpu_start, wall_start = _thread_cpu_s(), time.perf_counter()
         t0 = time.perf_counter()
         loss = criterion(model(images), labels)
