@@ -74,19 +74,29 @@ def _set_malloc(malloc: str) -> None:
                                "run with --malloc glibc")
 
 
+def _threads() -> dict[int, str]:
+    """This process's threads: id -> name."""
+    names = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names[int(tid)] = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            pass
+    return names
+
+
 def _thread_cpu_s() -> dict[str, float]:
     """CPU seconds so far of this process's threads: the training (main) thread, gloo's threads, the others."""
     tick = os.sysconf("SC_CLK_TCK")
     cpu = {"train": 0.0, "gloo": 0.0, "other": 0.0}
-    for tid in os.listdir("/proc/self/task"):
+    for tid, name in _threads().items():
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
         except OSError:  # the thread ended meanwhile
             continue
-        kind = "train" if int(tid) == os.getpid() else "gloo" if "gloo" in name else "other"
+        kind = "train" if tid == os.getpid() else "gloo" if "gloo" in name else "other"
         cpu[kind] += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
     return cpu
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import bench_ddp
 from bench_overhead import RESULTS
+from results_files import write_results
 
 HZ = 2000  # samples a second per thread: ~700 a step of ~0.35 s
 # Groups of functions, first match wins: (group, thread kind, pattern on "[k] symbol" / "[.] symbol").
@@ -95,18 +96,6 @@ class ThreadSampler:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _gloo_tids() -> list[int]:
-    tids = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if "gloo" in f.read():
-                    tids.append(int(tid))
-        except OSError:  # the thread ended meanwhile
-            pass
-    return tids
-
-
 def _rank(rank: int, port: int, ddp: bool, steps: int, warmup: int, out: str, perf_out: str) -> None:
     bench_ddp._set_malloc("trainlib")
     import torch
@@ -117,7 +106,10 @@ def _rank(rank: int, port: int, ddp: bool, steps: int, warmup: int, out: str, pe
     model = bench_ddp._model()
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
-    sampler = ThreadSampler([os.getpid(), *_gloo_tids()], perf_out) if rank == 0 else None
+    sampler = None
+    if rank == 0:  # the training thread and gloo's, which exist once the process group does
+        gloo = [tid for tid, name in bench_ddp._threads().items() if "gloo" in name]
+        sampler = ThreadSampler([os.getpid(), *gloo], perf_out)
     phases = bench_ddp._train(model, steps, warmup, at_warmup=sampler.enable if sampler else None)
     if sampler:
         sampler.finish()
@@ -208,7 +200,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--steps={args.steps} must exceed --warmup={args.warmup} by 2 or more")
     if shutil.which("perf") is None:
         parser.error("needs Linux perf on PATH (Debian: apt-get install linux-perf)")
-    os.makedirs(args.results_dir, exist_ok=True)
     measured = args.steps - args.warmup
     load_before = os.getloadavg()
     rounds = []
@@ -227,13 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"steps": args.steps, "warmup": args.warmup, "hz": HZ, "batch": bench_ddp.BATCH},
         "load_average_before": load_before, "load_average_after": os.getloadavg(), "rounds": rounds,
     }
-    with open(os.path.join(args.results_dir, "ddp_functions.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    text = ("# Where a DDP step's CPU goes, by function\n\nReproduce: `python bench/bench_ddp_functions.py`.\n\n"
-            + markdown(report))
-    with open(os.path.join(args.results_dir, "ddp_functions.md"), "w") as f:
-        f.write(text)
-    print(text)
+    header = ["# Where a DDP step's CPU goes, by function", "", "Reproduce: `python bench/bench_ddp_functions.py`.", ""]
+    write_results(args.results_dir, "ddp_functions", report, header + markdown(report).splitlines())
     return 0
 
 
