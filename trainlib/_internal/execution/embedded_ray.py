@@ -63,6 +63,7 @@ LEAN_SYSTEM_CONFIG = {**NO_METRICS_SYSTEM_CONFIG, "task_events_report_interval_m
 UNUSED_DAEMONS = ("dashboard", "monitor")
 
 _started_here = False
+_started_ahead = False  # started by start_ahead_of_fit() and not used by a fit() yet
 _last_fit_end = 0.0
 _local_ray: LeanLocalRay | None = None  # what the embedded Ray keeps in this process, until it is shut down
 
@@ -74,7 +75,8 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
     """
     import ray
 
-    global _started_here, _local_ray
+    global _started_here, _started_ahead, _local_ray
+    _started_ahead = False  # a fit() takes the Ray started ahead for it
     print_whole_lines()  # also for a Ray the user started: its printer prints the workers' lines
     if ray.is_initialized():
         return
@@ -92,6 +94,36 @@ def ensure_ray(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> None:
     # Registered after Ray's own exit hook, so it runs first (atexit is last in, first out).
     atexit.register(shutdown_embedded_ray)
     _local_ray = lean.started()
+
+
+def start_ahead_of_fit(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> bool:
+    """Start the embedded Ray now, for a ``fit()`` to come (``python -m trainlib``), so that its workers import
+    ``preload`` while this process still imports the job's own modules. Return False, starting nothing, where
+    ``fit()`` would not start one either: Ray is up already or ``RAY_ADDRESS`` names a cluster."""
+    import ray
+
+    global _started_ahead
+    if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
+        return False
+    ensure_ray(preload)
+    _started_ahead = True
+    return True
+
+
+def give_way_to_user_ray() -> bool:
+    """Before a ``ray.init`` of the user's own: shut down the Ray started ahead of ``fit()``, if no ``fit()`` has used
+    it, and return True; the user's call then starts (or joins) the Ray it asks for, as without the early start."""
+    global _started_here, _started_ahead, _local_ray
+    if not (_started_ahead and started_embedded_ray()):
+        return False
+    import ray
+
+    if _local_ray is not None:
+        _local_ray.stop()
+        _local_ray = None
+    ray.shutdown()
+    _started_here = _started_ahead = False
+    return True
 
 
 def init_lean_local_ray(preload: Sequence[str], **init_kwargs: Any) -> LeanStart:

@@ -1,0 +1,9 @@
+"""``python -m trainlib SCRIPT [ARGS...]``: run a training script with trainlib's local Ray started before its
+imports, so the workers import torch while the script does (trainlib/_internal/launch.py)."""
+
+import sys
+
+from trainlib._internal.launch import main
+
+if __name__ == "__main__":
+    sys.exit(main())
