@@ -8,7 +8,9 @@ subprocess). Each variant trains the tutorial's ResNet18 on the real FashionMNIS
 for ``--steps`` optimizer steps per worker, with 2 workers (plain PyTorch and the
 local modes, ``--variants trainlib_local,raytrain_local`` with ``bench/jobs/local_job.py``: one
 process, one torch thread), and saves rank 0's state_dict once at the end through the framework's own
-mechanism. Variants are interleaved, ``--repeats`` times each, in a rotated order.
+mechanism. ``trainlib_launch`` runs trainlib's job script through ``python -m trainlib`` (Ray and its
+workers' torch import started before the script's imports). Variants are interleaved, ``--repeats`` times
+each, in a rotated order.
 
 For every run, measured from this process:
 
@@ -53,6 +55,7 @@ sys.path.insert(0, REPO)
 
 VARIANTS = {
     "trainlib": "trainlib TorchTrainer",
+    "trainlib_launch": "trainlib TorchTrainer, the same script run by `python -m trainlib` (Ray started first)",
     "raytrain": "Ray Train TorchTrainer",
     "torchrun": "torchrun + DDP by hand",
     "plain": "plain PyTorch, 1 process",
@@ -60,7 +63,8 @@ VARIANTS = {
     "raytrain_local": "Ray Train local mode (num_workers=0), 1 process",
     "trainlib_base": "trainlib from --baseline (the code before a change), same job",
 }
-DEFAULT_VARIANTS = ("trainlib", "raytrain", "torchrun", "plain")  # the targets' table; the local modes on request
+# The targets' table; the local modes and trainlib_base on request.
+DEFAULT_VARIANTS = ("trainlib", "trainlib_launch", "raytrain", "torchrun", "plain")
 # Issue 14's targets, on the 40-step tutorial job with 2 workers.
 TARGET_WALL_RATIO = 0.5          # trainlib wall / Ray Train wall, at most
 TARGET_THROUGHPUT_RATIO = 1.0    # trainlib steady steps/s / torchrun's, at least
@@ -249,6 +253,8 @@ def command(variant: str, steps: int, data_root: str, storage: str, out: str) ->
     if variant == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                 os.path.join(JOBS, "torchrun_job.py"), *job_args]
+    if variant == "trainlib_launch":
+        return [sys.executable, "-m", "trainlib", os.path.join(JOBS, "trainlib_job.py"), *job_args]
     if variant.endswith("_local"):
         return [sys.executable, os.path.join(JOBS, "local_job.py"), variant[:-len("_local")], *job_args]
     script = "trainlib" if variant == "trainlib_base" else variant
@@ -397,19 +403,27 @@ def ratios(summary: dict[str, Any]) -> dict[str, Any]:
     def target(value: float | None, text: str, met: Callable[[float], bool]) -> dict[str, Any]:
         return {"value": value, "target": text, "met": None if value is None else met(value)}
 
-    first_extra = None
-    if summary.get("trainlib", {}).get("time_to_first_step_s") and summary.get("torchrun", {}).get("time_to_first_step_s"):
-        first_extra = summary["trainlib"]["time_to_first_step_s"] - summary["torchrun"]["time_to_first_step_s"]
+    def targets(variant: str, prefix: str) -> dict[str, Any]:
+        first_extra = None
+        first, torchrun_first = (summary.get(v, {}).get("time_to_first_step_s") for v in (variant, "torchrun"))
+        if first and torchrun_first:
+            first_extra = first - torchrun_first
+        return {
+            f"{prefix}_wall_over_raytrain_wall": target(ratio(variant, "raytrain", "wall_s"),
+                                                        f"<= {TARGET_WALL_RATIO}", lambda v: v <= TARGET_WALL_RATIO),
+            f"{prefix}_first_step_minus_torchrun_s": target(first_extra, f"<= +{TARGET_FIRST_STEP_EXTRA_S:g} s",
+                                                            lambda v: v <= TARGET_FIRST_STEP_EXTRA_S),
+            f"{prefix}_steps_per_s_over_torchrun": target(ratio(variant, "torchrun", "steady_steps_per_s"),
+                                                          f">= {TARGET_THROUGHPUT_RATIO}",
+                                                          lambda v: v >= TARGET_THROUGHPUT_RATIO),
+            f"{prefix}_peak_rss_over_torchrun": target(ratio(variant, "torchrun", "peak_rss_bytes"),
+                                                       f"<= {TARGET_RSS_RATIO}", lambda v: v <= TARGET_RSS_RATIO),
+        }
+
     return {
-        "trainlib_wall_over_raytrain_wall": target(ratio("trainlib", "raytrain", "wall_s"), f"<= {TARGET_WALL_RATIO}",
-                                                   lambda v: v <= TARGET_WALL_RATIO),
-        "trainlib_first_step_minus_torchrun_s": target(first_extra, f"<= +{TARGET_FIRST_STEP_EXTRA_S:g} s",
-                                                       lambda v: v <= TARGET_FIRST_STEP_EXTRA_S),
-        "trainlib_steps_per_s_over_torchrun": target(ratio("trainlib", "torchrun", "steady_steps_per_s"),
-                                                     f">= {TARGET_THROUGHPUT_RATIO}",
-                                                     lambda v: v >= TARGET_THROUGHPUT_RATIO),
-        "trainlib_peak_rss_over_torchrun": target(ratio("trainlib", "torchrun", "peak_rss_bytes"),
-                                                  f"<= {TARGET_RSS_RATIO}", lambda v: v <= TARGET_RSS_RATIO),
+        **targets("trainlib", "trainlib"),
+        # The same script run by `python -m trainlib` (Ray and its workers' imports started before the script's).
+        **targets("trainlib_launch", "launch"),
         "trainlib_time_to_first_step_over_raytrain": ratio("trainlib", "raytrain", "time_to_first_step_s"),
         "trainlib_outside_steps_over_raytrain": ratio("trainlib", "raytrain", "outside_steps_s"),
         "trainlib_peak_rss_over_raytrain": ratio("trainlib", "raytrain", "peak_rss_bytes"),
@@ -463,6 +477,8 @@ def markdown(report: dict[str, Any]) -> str:
     for v, row in s.items():
         samples = None if row["steady_steps_per_s"] is None else row["steady_steps_per_s"] * 128 * row["world_size"]
         name = row["framework"] or row["label"]
+        if sum(1 for other in s.values() if other["framework"] == row["framework"]) > 1:
+            name = f"{name} ({v})"  # the same framework run two ways (trainlib_launch, trainlib_base)
         failed = f" ({row['runs_failed']} failed)" if row["runs_failed"] else ""
         lines.append(
             f"| {name}{failed} | {row['world_size'] or 'n/a'} | {_fmt(row['wall_s'], '.1f')} | "
@@ -481,6 +497,15 @@ def markdown(report: dict[str, Any]) -> str:
     ]:
         x = r[key]
         lines.append(f"| {label} | {_fmt(x['value'], spec)} | {x['target']} | {verdict(x)} |")
+    if "trainlib_launch" in s:
+        for key, label, spec in [
+            ("launch_wall_over_raytrain_wall", "`python -m trainlib`: wall / Ray Train wall", ".2f"),
+            ("launch_first_step_minus_torchrun_s", "`python -m trainlib`: time to first step - torchrun's, s", "+.1f"),
+            ("launch_steps_per_s_over_torchrun", "`python -m trainlib`: steady steps/s / torchrun's", ".3f"),
+            ("launch_peak_rss_over_torchrun", "`python -m trainlib`: peak RSS / torchrun's", ".2f"),
+        ]:
+            x = r[key]
+            lines.append(f"| {label} | {_fmt(x['value'], spec)} | {x['target']} | {verdict(x)} |")
     lines.append(f"| trainlib / Ray Train, wall outside the steps | "
                  f"{_fmt(r['trainlib_outside_steps_over_raytrain'], '.2f')} | (no target) | |")
     if r.get("trainlib_wall_over_baseline") is not None:

@@ -77,6 +77,9 @@ def test_medians_and_target_ratios():
     runs += [_run("torchrun", 20, s) for s in (2.0, 1.9, 2.1)]
     runs.append({"variant": "torchrun", "returncode": 1, "error": "boom"})
     summary = bench.summarise(runs, ["trainlib", "raytrain", "torchrun"])
+    assert bench.ratios(summary)["launch_wall_over_raytrain_wall"]["value"] is None  # no launcher runs: no ratio
+    runs += [_run("trainlib_launch", w, 2.0) for w in (25, 27, 26)]
+    summary = bench.summarise(runs, ["trainlib", "trainlib_launch", "raytrain", "torchrun"])
     assert summary["trainlib"]["wall_s"] == 34 and summary["raytrain"]["wall_s"] == 55
     assert summary["torchrun"]["runs_failed"] == 1 and summary["torchrun"]["runs_ok"] == 3
     r = bench.ratios(summary)
@@ -84,6 +87,8 @@ def test_medians_and_target_ratios():
     assert r["trainlib_wall_over_raytrain_wall"]["met"] is False
     assert r["trainlib_steps_per_s_over_torchrun"]["value"] == pytest.approx(1.9 / 2.0)
     assert r["trainlib_steps_per_s_over_torchrun"]["met"] is False
+    assert r["launch_wall_over_raytrain_wall"]["value"] == pytest.approx(26 / 55)
+    assert r["launch_wall_over_raytrain_wall"]["met"] is True
 
 
 def test_bad_options_name_the_option(capsys):
@@ -95,8 +100,12 @@ def test_bad_options_name_the_option(capsys):
     assert "--warmup-steps" in capsys.readouterr().err
 
 
-def test_the_defaults_parse_to_the_targets_four_variants():
+def test_the_defaults_parse_to_the_targets_variants():
     """`make bench` runs the script with no options: trainlib_base needs --baseline, so it is not a default."""
-    assert bench.parse_args(["--data", DATA]).variants == ["trainlib", "raytrain", "torchrun", "plain"]
+    assert bench.parse_args(["--data", DATA]).variants == ["trainlib", "trainlib_launch", "raytrain", "torchrun",
+                                                           "plain"]
     with_base = bench.parse_args(["--data", DATA, "--baseline", REPO])
-    assert with_base.variants == ["trainlib", "raytrain", "torchrun", "plain", "trainlib_base"]
+    assert with_base.variants == ["trainlib", "trainlib_launch", "raytrain", "torchrun", "plain", "trainlib_base"]
+    # The launcher's variant runs the very job script of the trainlib variant, through `python -m trainlib`.
+    launch, plain = (bench.command(v, 40, "DATA", "STORE", "OUT") for v in ("trainlib_launch", "trainlib"))
+    assert launch[1:3] == ["-m", "trainlib"] and launch[3:] == plain[1:]
