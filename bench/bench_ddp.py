@@ -186,18 +186,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_pair(kwargs: dict, steps: int, warmup: int, out: str, malloc: str = "trainlib") -> dict[str, Any]:
+def spawn_pair(target: Callable[..., None], *args: Any, what: str = "") -> None:
+    """Run ``target(rank, port, *args)`` in two fresh processes (ranks 0 and 1, a free port for their rendezvous)."""
     import torch.multiprocessing as mp
 
     port = _free_port()
-    procs = [mp.get_context("spawn").Process(target=_rank, args=(r, port, kwargs, steps, warmup, out, malloc))
-             for r in (0, 1)]
+    procs = [mp.get_context("spawn").Process(target=target, args=(r, port, *args)) for r in (0, 1)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=900)
         if p.exitcode != 0:
-            raise RuntimeError(f"a DDP rank failed (exit code {p.exitcode}) with {kwargs}")
+            raise RuntimeError(f"a rank failed (exit code {p.exitcode}){what}")
+
+
+def run_pair(kwargs: dict, steps: int, warmup: int, out: str, malloc: str = "trainlib") -> dict[str, Any]:
+    spawn_pair(_rank, kwargs, steps, warmup, out, malloc, what=f" with DDP options {kwargs}")
     with open(out) as f:
         return json.load(f)
 

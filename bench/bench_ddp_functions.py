@@ -119,17 +119,7 @@ def _rank(rank: int, port: int, ddp: bool, steps: int, warmup: int, out: str, pe
 
 
 def run_pair(ddp: bool, steps: int, warmup: int, out: str, perf_out: str) -> dict[str, Any]:
-    import torch.multiprocessing as mp
-
-    port = bench_ddp._free_port()
-    procs = [mp.get_context("spawn").Process(target=_rank, args=(r, port, ddp, steps, warmup, out, perf_out))
-             for r in (0, 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=900)
-        if p.exitcode != 0:
-            raise RuntimeError(f"a rank failed (exit code {p.exitcode}), ddp={ddp}")
+    bench_ddp.spawn_pair(_rank, ddp, steps, warmup, out, perf_out, what=f", ddp={ddp}")
     with open(out) as f:
         return json.load(f)
 

@@ -489,23 +489,15 @@ def markdown(report: dict[str, Any]) -> str:
         return "n/a" if x["met"] is None else ("met" if x["met"] else "MISSED")
 
     lines += ["", "| target (issue 14) | measured | target | |", "|---|---|---|---|"]
-    for key, label, spec in [
-        ("trainlib_wall_over_raytrain_wall", "trainlib wall / Ray Train wall", ".2f"),
-        ("trainlib_first_step_minus_torchrun_s", "trainlib time to first step - torchrun's, s", "+.1f"),
-        ("trainlib_steps_per_s_over_torchrun", "trainlib steady steps/s / torchrun's", ".3f"),
-        ("trainlib_peak_rss_over_torchrun", "trainlib peak RSS / torchrun's", ".2f"),
-    ]:
-        x = r[key]
-        lines.append(f"| {label} | {_fmt(x['value'], spec)} | {x['target']} | {verdict(x)} |")
-    if "trainlib_launch" in s:
-        for key, label, spec in [
-            ("launch_wall_over_raytrain_wall", "`python -m trainlib`: wall / Ray Train wall", ".2f"),
-            ("launch_first_step_minus_torchrun_s", "`python -m trainlib`: time to first step - torchrun's, s", "+.1f"),
-            ("launch_steps_per_s_over_torchrun", "`python -m trainlib`: steady steps/s / torchrun's", ".3f"),
-            ("launch_peak_rss_over_torchrun", "`python -m trainlib`: peak RSS / torchrun's", ".2f"),
-        ]:
-            x = r[key]
-            lines.append(f"| {label} | {_fmt(x['value'], spec)} | {x['target']} | {verdict(x)} |")
+    rows = [("wall_over_raytrain_wall", "wall / Ray Train wall", ".2f"),
+            ("first_step_minus_torchrun_s", "time to first step - torchrun's, s", "+.1f"),
+            ("steps_per_s_over_torchrun", "steady steps/s / torchrun's", ".3f"),
+            ("peak_rss_over_torchrun", "peak RSS / torchrun's", ".2f")]
+    ways = [("trainlib", "trainlib")] + ([("launch", "`python -m trainlib`:")] if "trainlib_launch" in s else [])
+    for prefix, who in ways:
+        for key, label, spec in rows:
+            x = r[f"{prefix}_{key}"]
+            lines.append(f"| {who} {label} | {_fmt(x['value'], spec)} | {x['target']} | {verdict(x)} |")
     lines.append(f"| trainlib / Ray Train, wall outside the steps | "
                  f"{_fmt(r['trainlib_outside_steps_over_raytrain'], '.2f')} | (no target) | |")
     if r.get("trainlib_wall_over_baseline") is not None:

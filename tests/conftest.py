@@ -48,6 +48,21 @@ def pid_running(pid: int) -> bool:
         return False
 
 
+def processes_whose_command_line(match) -> list[str]:
+    """``"pid command line"`` (cut at 120 characters) of the running processes whose command line ``match`` accepts."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if match(cmd):
+            found.append(f"{proc.info['pid']} {cmd[:120]}")
+    return found
+
+
 _handed_out: set[int] = set()
 
 

@@ -14,9 +14,8 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
-from conftest import REPO_ROOT, TESTS_DIR, pid_running
+from conftest import REPO_ROOT, TESTS_DIR, pid_running, processes_whose_command_line
 from malloc_probe import PAGES
 
 SCRIPT = r"""
@@ -152,15 +151,7 @@ def _run_fresh(tmp_path, source: str, marker: str, *args: str, timeout: float):
 
 def _session_processes(session_dir: str) -> list[str]:
     """Processes still running whose command line names the Ray session (its daemons and workers)."""
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            cmd = " ".join(proc.info["cmdline"] or [])
-        except psutil.Error:
-            continue
-        if session_dir in cmd or os.path.basename(session_dir) in cmd:
-            found.append(f"{proc.info['pid']} {cmd[:120]}")
-    return found
+    return processes_whose_command_line(lambda cmd: session_dir in cmd or os.path.basename(session_dir) in cmd)
 
 
 # ~40 s on a quiet machine; minutes under heavy load (the limit is for hangs).

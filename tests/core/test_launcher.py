@@ -8,9 +8,8 @@ import os
 import subprocess
 import sys
 
-import psutil
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, processes_whose_command_line
 
 FIT_SCRIPT = """
 import os, sys
@@ -84,15 +83,7 @@ def test_a_script_runs_as_main_with_its_arguments_on_a_ray_started_before_its_fi
 
 
 def _processes_naming(port: str) -> list[str]:
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            cmd = " ".join(proc.info["cmdline"] or [])
-        except psutil.Error:
-            continue
-        if f"={port}" in cmd or f":{port}" in cmd:
-            found.append(f"{proc.info['pid']} {cmd[:120]}")
-    return found
+    return processes_whose_command_line(lambda cmd: f"={port}" in cmd or f":{port}" in cmd)
 
 
 @pytest.mark.timeout(300)
