@@ -113,15 +113,10 @@ def start_ahead_of_fit(preload: Sequence[str] = WORKER_PRELOAD_MODULES) -> bool:
 def give_way_to_user_ray() -> bool:
     """Before a ``ray.init`` of the user's own: shut down the Ray started ahead of ``fit()``, if no ``fit()`` has used
     it, and return True; the user's call then starts (or joins) the Ray it asks for, as without the early start."""
-    global _started_here, _started_ahead, _local_ray
+    global _started_here, _started_ahead
     if not (_started_ahead and started_embedded_ray()):
         return False
-    import ray
-
-    if _local_ray is not None:
-        _local_ray.stop()
-        _local_ray = None
-    ray.shutdown()
+    shutdown_embedded_ray()  # as at exit: the workers' last lines printed, the agents' ports given back, Ray down
     _started_here = _started_ahead = False
     return True
 
