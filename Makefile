@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv run tutorial test test-fast bench clean
+.PHONY: venv run tutorial lint test test-fast bench clean
 
 venv: $(VENV)/.installed
 
@@ -31,6 +31,11 @@ tutorial: venv
 TEST_WORKERS ?= 3
 test: venv
 	$(BIN)/pytest -q -p no:cacheprovider $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+
+# Lint and format check (ruff, configured in pyproject.toml); CI runs it before the tests.
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 bench: venv
 	$(BIN)/pip install -q -e ".[bench]" --config-settings editable_mode=compat

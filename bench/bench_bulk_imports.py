@@ -56,29 +56,42 @@ def main() -> int:
     load_before = os.getloadavg()
     for index in range(args.repeats * len(MODES)):
         mode = MODES[(index + index // len(MODES)) % len(MODES)]  # alternate, and swap who goes first each pair
-        out = subprocess.run([sys.executable, "-c", PROBE, mode], env=env, capture_output=True, text=True,
-                             check=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE, mode], env=env, capture_output=True, text=True, check=True, timeout=300
+        )
         runs.append({"mode": mode, **json.loads(out.stdout.strip().splitlines()[-1])})
         print(runs[-1], flush=True)
-    medians = {mode: {key: statistics.median(r[key] for r in runs if r["mode"] == mode)
-                      for key in ("preload_cpu_s", "function_modules_cpu_s")} for mode in MODES}
+    medians = {
+        mode: {
+            key: statistics.median(r[key] for r in runs if r["mode"] == mode)
+            for key in ("preload_cpu_s", "function_modules_cpu_s")
+        }
+        for mode in MODES
+    }
     for figures in medians.values():
         figures["total_cpu_s"] = figures["preload_cpu_s"] + figures["function_modules_cpu_s"]
     lines = [
-        "# A worker's imports with CPython's cyclic collector on and paused (bulk_imports.py)", "",
+        "# A worker's imports with CPython's cyclic collector on and paused (bulk_imports.py)",
+        "",
         f"Reproduce: `python bench/bench_bulk_imports.py --repeats {args.repeats}` "
         f"({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC). Fresh processes, modes alternated; "
         f"medians of {args.repeats}; CPU seconds of the process. {os.cpu_count()} cores; load average before "
-        f"{load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}.", "",
+        f"{load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}.",
+        "",
         "| collector | preload (torch, torch.distributed, worker module), CPU s "
         "| the function's modules (torchvision), CPU s | both, CPU s |",
         "|---|---|---|---|",
     ]
-    lines += [f"| {mode} | {m['preload_cpu_s']:.3f} | {m['function_modules_cpu_s']:.3f} | {m['total_cpu_s']:.3f} |"
-              for mode, m in medians.items()]
+    lines += [
+        f"| {mode} | {m['preload_cpu_s']:.3f} | {m['function_modules_cpu_s']:.3f} | {m['total_cpu_s']:.3f} |"
+        for mode, m in medians.items()
+    ]
     saved = medians["on"]["total_cpu_s"] - medians["paused"]["total_cpu_s"]
-    lines += ["", f"Paused saves {saved:.2f} CPU s a worker ({saved / medians['on']['total_cpu_s']:.0%}), including "
-              "its two collections before the freezes."]
+    lines += [
+        "",
+        f"Paused saves {saved:.2f} CPU s a worker ({saved / medians['on']['total_cpu_s']:.0%}), including "
+        "its two collections before the freezes.",
+    ]
     write_results(args.results_dir, "bulk_imports", {"runs": runs, "medians": medians}, lines)
     return 0
 

@@ -32,7 +32,8 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from bench_overhead import RESULTS
 
@@ -50,8 +51,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "bucket view + no buffer sync in forward": {"gradient_as_bucket_view": True, "forward_sync_buffers": False},
 }
 BATCH = 128
-MALLOC_NAMES = {"trainlib": "trainlib's workers' malloc settings",
-                "glibc": "glibc's default malloc (as torchrun's ranks)"}
+MALLOC_NAMES = {
+    "trainlib": "trainlib's workers' malloc settings",
+    "glibc": "glibc's default malloc (as torchrun's ranks)",
+}
 
 
 def _model():
@@ -70,8 +73,9 @@ def _set_malloc(malloc: str) -> None:
         from trainlib._internal.util.allocator import keep_step_allocations
 
         if not keep_step_allocations():
-            raise RuntimeError("trainlib's malloc settings were not applied (not glibc, or MALLOC_* set): "
-                               "run with --malloc glibc")
+            raise RuntimeError(
+                "trainlib's malloc settings were not applied (not glibc, or MALLOC_* set): run with --malloc glibc"
+            )
 
 
 def _threads() -> dict[int, str]:
@@ -135,8 +139,10 @@ def _train(model, steps: int, warmup: int, at_warmup: Callable[[], None] | None 
         rows.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2, t2 - last_grad[0]))
     cpu_end, wall = _thread_cpu_s(), time.perf_counter() - wall_start
     kept = rows[warmup:]
-    out = {name: statistics.median(row[i] for row in kept)
-           for i, name in enumerate(("step_s", "forward_s", "backward_s", "optimizer_s", "after_last_grad_s"))}
+    out = {
+        name: statistics.median(row[i] for row in kept)
+        for i, name in enumerate(("step_s", "forward_s", "backward_s", "optimizer_s", "after_last_grad_s"))
+    }
     for kind in cpu_end:
         out[f"cpu_{kind}_s"] = (cpu_end[kind] - cpu_start[kind]) / len(kept)
     out["mean_step_s"] = wall / len(kept)
@@ -162,8 +168,15 @@ def _rank(rank: int, port: int, kwargs: dict, steps: int, warmup: int, out: str,
         allreduce.append(time.perf_counter() - t)
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({**phases, "allreduce_s": statistics.median(allreduce),
-                       "grad_mb": grads.numel() * 4 / 2**20, "rss_bytes": psutil.Process().memory_info().rss}, f)
+            json.dump(
+                {
+                    **phases,
+                    "allreduce_s": statistics.median(allreduce),
+                    "grad_mb": grads.numel() * 4 / 2**20,
+                    "rss_bytes": psutil.Process().memory_info().rss,
+                },
+                f,
+            )
     dist.destroy_process_group()
 
 
@@ -258,7 +271,7 @@ def markdown(report: dict[str, Any]) -> str:
     pair = report["pair"]
     lines += [
         "",
-        "Where a step goes, ms per step (rank 0; the first row: two processes at once, no DDP). \"after last "
+        'Where a step goes, ms per step (rank 0; the first row: two processes at once, no DDP). "after last '
         "grad\": the part of backward after the last gradient was accumulated, waiting for the last buckets' "
         "allreduce. CPU: the training thread's and gloo's threads'; \"not running\": the training thread's wall "
         "time without CPU (waiting on the other rank, or its core taken by gloo or another process).",
@@ -270,12 +283,24 @@ def markdown(report: dict[str, Any]) -> str:
     for name, row in [("two processes, no DDP", pair), *report["configs"].items()]:
         if "forward_s" not in row:  # written before the phases were measured
             continue
-        cells = [row["step_s"], row["forward_s"], row["backward_s"], row["after_last_grad_s"], row["optimizer_s"],
-                 row["cpu_train_s"], row["cpu_gloo_s"], row["mean_step_s"] - row["cpu_train_s"]]
+        cells = [
+            row["step_s"],
+            row["forward_s"],
+            row["backward_s"],
+            row["after_last_grad_s"],
+            row["optimizer_s"],
+            row["cpu_train_s"],
+            row["cpu_gloo_s"],
+            row["mean_step_s"] - row["cpu_train_s"],
+        ]
         lines.append(f"| {name} | " + " | ".join(f"{c * 1000:.0f}" for c in cells) + " |")
     if report.get("skipped"):
-        lines += ["", "Not measured (this torch's DistributedDataParallel lacks the option): "
-                  + ", ".join(report["skipped"]) + "."]
+        lines += [
+            "",
+            "Not measured (this torch's DistributedDataParallel lacks the option): "
+            + ", ".join(report["skipped"])
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -293,8 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--malloc", choices=("trainlib", "glibc"), default="trainlib",
-                        help="every process with trainlib's workers' malloc settings, or glibc's defaults (torchrun's)")
+    parser.add_argument(
+        "--malloc",
+        choices=("trainlib", "glibc"),
+        default="trainlib",
+        help="every process with trainlib's workers' malloc settings, or glibc's defaults (torchrun's)",
+    )
     parser.add_argument("--results-dir", default=RESULTS)
     args = parser.parse_args(argv)
     if args.steps <= args.warmup + 1:
@@ -307,10 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     singles, pairs = [], []
     for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             samples[name].append(run_pair(CONFIGS[name], args.steps, args.warmup, tmp, args.malloc))
-            print(f"[round {r + 1}] {name}: {samples[name][-1]['step_s'] * 1000:.0f} ms/step, allreduce "
-                  f"{samples[name][-1]['allreduce_s'] * 1000:.0f} ms, load {os.getloadavg()[0]:.1f}", flush=True)
+            print(
+                f"[round {r + 1}] {name}: {samples[name][-1]['step_s'] * 1000:.0f} ms/step, allreduce "
+                f"{samples[name][-1]['allreduce_s'] * 1000:.0f} ms, load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
         singles.append(run_single(args.steps, args.warmup, tmp, malloc=args.malloc))
         print(f"[round {r + 1}] single process: {singles[-1]['step_s'] * 1000:.0f} ms/step", flush=True)
         pairs.append(run_single(args.steps, args.warmup, tmp, side_by_side=2, malloc=args.malloc))
@@ -322,11 +354,19 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "settings": {"steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "batch": BATCH,
-                     "malloc": args.malloc},
-        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "settings": {
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "rounds": args.rounds,
+            "batch": BATCH,
+            "malloc": args.malloc,
+        },
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
         "configs": {name: {**med(rows), "kwargs": CONFIGS[name]} for name, rows in samples.items()},
-        "single": med(singles), "pair": med(pairs), "skipped": skipped,
+        "single": med(singles),
+        "pair": med(pairs),
+        "skipped": skipped,
         "raw": {"configs": samples, "single": singles, "pair": pairs},
     }
     with open(os.path.join(args.results_dir, "ddp.json"), "w") as f:

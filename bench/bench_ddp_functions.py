@@ -48,8 +48,12 @@ GROUPS: tuple[tuple[str, str, str], ...] = (
     ("gloo's loop and glibc, user space", "gloo", r""),
     ("convolutions (oneDNN and its JIT code)", "train", r"dnnl|^\[\.\] 0x[0-9a-f]+$"),
     ("mul kernels (DDP's averaging; Adam's mul_)", "train", r"\bmul_kernel\b"),
-    ("Adam's other elementwise kernels", "train", r"\b(addcdiv_cpu_kernel|div_true_kernel|lerp_scalar_kernel|"
-                                                  r"addcmul_cpu_kernel|add_kernel)\b"),
+    (
+        "Adam's other elementwise kernels",
+        "train",
+        r"\b(addcdiv_cpu_kernel|div_true_kernel|lerp_scalar_kernel|"
+        r"addcmul_cpu_kernel|add_kernel)\b",
+    ),
     ("Adam's sqrt (MKL)", "train", r"[sS]qrt"),
     ("BatchNorm", "train", r"batch_norm"),
     ("the kernel", "train", r"^\[k\]"),
@@ -66,9 +70,26 @@ class ThreadSampler:
         os.mkfifo(ctl)
         os.mkfifo(ack)
         self._proc = subprocess.Popen(
-            ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(hz), "-D", "-1", "--control",
-             f"fifo:{ctl},{ack}", "-o", out, "-t", ",".join(map(str, tids))],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [
+                "perf",
+                "record",
+                "-q",
+                "-e",
+                "cpu-clock",
+                "-F",
+                str(hz),
+                "-D",
+                "-1",
+                "--control",
+                f"fifo:{ctl},{ack}",
+                "-o",
+                out,
+                "-t",
+                ",".join(map(str, tids)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.monotonic() + 30
         while True:  # perf opens the FIFO once attached; a writer's open without a reader fails (ENXIO)
             try:
@@ -76,7 +97,9 @@ class ThreadSampler:
                 break
             except OSError:
                 if self._proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"perf record did not start: {self._proc.stderr.read().decode()[-500:]}")
+                    raise RuntimeError(
+                        f"perf record did not start: {self._proc.stderr.read().decode()[-500:]}"
+                    ) from None
                 time.sleep(0.05)
         self._ack = open(ack)
 
@@ -127,8 +150,25 @@ def run_pair(ddp: bool, steps: int, warmup: int, out: str, perf_out: str) -> dic
 def grouped_ms(perf_data: str, steps: int, hz: int = HZ) -> dict[str, float]:
     """ms a measured step per group of GROUPS, from ``perf report`` on ``perf_data``."""
     report = subprocess.run(
-        ["perf", "report", "-i", perf_data, "--no-children", "--sort", "comm,sym", "-n", "--stdio", "-g", "none",
-         "-t", ";"], capture_output=True, text=True, check=True).stdout
+        [
+            "perf",
+            "report",
+            "-i",
+            perf_data,
+            "--no-children",
+            "--sort",
+            "comm,sym",
+            "-n",
+            "--stdio",
+            "-g",
+            "none",
+            "-t",
+            ";",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     ms = {name: 0.0 for name, _, _ in GROUPS}
     for line in report.splitlines():
         fields = [f.strip() for f in line.split(";")]
@@ -157,19 +197,35 @@ def markdown(report: dict[str, Any]) -> str:
         "| ms a step | no DDP, by round | median | DDP, by round | median |",
         "|---|---|---|---|---|",
     ]
-    for label, key in (("step (median of the steps)", "step_s"), ("training thread's CPU (/proc)", "cpu_train_s"),
-                       ("gloo's threads' CPU (/proc)", "cpu_gloo_s")):
-        lines.append(f"| {label} | " + " | ".join(
-            cell([r[side][key] * 1000 for r in rounds]) for side in ("plain", "ddp")) + " |")
-    lines += ["", "gloo's threads in the DDP pair, by function (perf):", "",
-              "| group | ms a step, by round | median |", "|---|---|---|"]
+    for label, key in (
+        ("step (median of the steps)", "step_s"),
+        ("training thread's CPU (/proc)", "cpu_train_s"),
+        ("gloo's threads' CPU (/proc)", "cpu_gloo_s"),
+    ):
+        lines.append(
+            f"| {label} | "
+            + " | ".join(cell([r[side][key] * 1000 for r in rounds]) for side in ("plain", "ddp"))
+            + " |"
+        )
+    lines += [
+        "",
+        "gloo's threads in the DDP pair, by function (perf):",
+        "",
+        "| group | ms a step, by round | median |",
+        "|---|---|---|",
+    ]
     gloo = [name for name, kind, _ in GROUPS if kind == "gloo"]
     for name in gloo:
         lines.append(f"| {name} | {cell([r['ddp']['functions_ms'][name] for r in rounds])} |")
     lines.append(f"| all | {cell([sum(r['ddp']['functions_ms'][n] for n in gloo) for r in rounds])} |")
-    lines += ["", "The training thread, ms a step more in the DDP pair than in the pair just before it, by function "
-              "(perf; the no-DDP pair's own ms in the last column):", "",
-              "| group | by round | median | no DDP (median) |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "The training thread, ms a step more in the DDP pair than in the pair just before it, by function "
+        "(perf; the no-DDP pair's own ms in the last column):",
+        "",
+        "| group | by round | median | no DDP (median) |",
+        "|---|---|---|---|",
+    ]
     train = [name for name, kind, _ in GROUPS if kind == "train"]
     for name in [*train, "all"]:
         names = train if name == "all" else [name]
@@ -200,13 +256,18 @@ def main(argv: list[str] | None = None) -> int:
             for side, ddp in (("plain", False), ("ddp", True)):
                 row[side] = run_pair(ddp, args.steps, args.warmup, out, perf_data)
                 row[side]["functions_ms"] = grouped_ms(perf_data, measured)
-                print(f"[round {r + 1}] {'DDP' if ddp else 'no DDP'}: {row[side]['step_s'] * 1000:.0f} ms/step, "
-                      f"sampled {sum(row[side]['functions_ms'].values()):.0f} ms/step", flush=True)
+                print(
+                    f"[round {r + 1}] {'DDP' if ddp else 'no DDP'}: {row[side]['step_s'] * 1000:.0f} ms/step, "
+                    f"sampled {sum(row[side]['functions_ms'].values()):.0f} ms/step",
+                    flush=True,
+                )
             rounds.append(row)
     report = {
         "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "settings": {"steps": args.steps, "warmup": args.warmup, "hz": HZ, "batch": bench_ddp.BATCH},
-        "load_average_before": load_before, "load_average_after": os.getloadavg(), "rounds": rounds,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "rounds": rounds,
     }
     header = ["# Where a DDP step's CPU goes, by function", "", "Reproduce: `python bench/bench_ddp_functions.py`.", ""]
     write_results(args.results_dir, "ddp_functions", report, header + markdown(report).splitlines())

@@ -42,23 +42,37 @@ def main() -> None:
     for index in range(args.pairs):
         order = list(VARIANTS) if index % 2 == 0 else list(reversed(VARIANTS))
         for variant in order:
-            command = [sys.executable, os.path.join(JOBS, "import_placement_job.py"), "--data-root", data_root,
-                       "--storage", os.path.join(workdir, "runs"), *VARIANTS[variant]]
+            command = [
+                sys.executable,
+                os.path.join(JOBS, "import_placement_job.py"),
+                "--data-root",
+                data_root,
+                "--storage",
+                os.path.join(workdir, "runs"),
+                *VARIANTS[variant],
+            ]
             done = subprocess.run(command, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=600)
             if done.returncode != 0:
                 raise SystemExit(f"{variant} failed ({done.returncode}):\n{done.stderr[-3000:]}")
             runs[variant].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    medians = {v: {k: statistics.median(r[k] for r in rs) for k in ("first_step_s", "fit_end_s")}
-               for v, rs in runs.items()}
-    lines = [f"# Where the job imports torchvision ({started})", "",
-             f"Reproduce: `python bench/bench_import_placement.py --pairs {args.pairs}`. The tutorial's job on trainlib "
-             "(ResNet18, FashionMNIST, batches of 128, 3 steps, 2 workers), fresh processes, the two variants alternated; "
-             "seconds from the script's first line.", "",
-             "| torchvision imported by | first step (median) | end of fit() (median) | first step, each run |",
-             "|---|---|---|---|"]
+    medians = {
+        v: {k: statistics.median(r[k] for r in rs) for k in ("first_step_s", "fit_end_s")} for v, rs in runs.items()
+    }
+    lines = [
+        f"# Where the job imports torchvision ({started})",
+        "",
+        f"Reproduce: `python bench/bench_import_placement.py --pairs {args.pairs}`. The tutorial's job on trainlib "
+        "(ResNet18, FashionMNIST, batches of 128, 3 steps, 2 workers), fresh processes, the two variants alternated; "
+        "seconds from the script's first line.",
+        "",
+        "| torchvision imported by | first step (median) | end of fit() (median) | first step, each run |",
+        "|---|---|---|---|",
+    ]
     for variant, rs in runs.items():
         each = ", ".join(f"{r['first_step_s']:.2f}" for r in rs)
-        lines.append(f"| {variant} | {medians[variant]['first_step_s']:.2f} | {medians[variant]['fit_end_s']:.2f} | {each} |")
+        lines.append(
+            f"| {variant} | {medians[variant]['first_step_s']:.2f} | {medians[variant]['fit_end_s']:.2f} | {each} |"
+        )
     lines += ["", f"{os.cpu_count()} CPUs; load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}."]
     write_results(args.results_dir, args.name, {"started": started, "runs": runs, "medians": medians}, lines)
 

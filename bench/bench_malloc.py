@@ -42,9 +42,8 @@ STEPS, WARMUP = 40, 5
 
 def _train(data_root: str, out: dict[str, Any]) -> None:
     import torch
-    from torch.utils.data import DataLoader, DistributedSampler
-
     from common import BATCH_SIZE, LEARNING_RATE, build_dataset, build_model
+    from torch.utils.data import DataLoader, DistributedSampler
 
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(build_model(), gradient_as_bucket_view=True)
@@ -66,10 +65,12 @@ def _train(data_root: str, out: dict[str, Any]) -> None:
             break
     end = resource.getrusage(resource.RUSAGE_SELF)
     measured = STEPS - WARMUP
-    out.update(step_ms=1000 * statistics.median(times[WARMUP:]),
-               faults_per_step=(end.ru_minflt - usage.ru_minflt) / measured,
-               kernel_ms_per_step=1000 * (end.ru_stime - usage.ru_stime) / measured,
-               rss_mb=int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6)
+    out.update(
+        step_ms=1000 * statistics.median(times[WARMUP:]),
+        faults_per_step=(end.ru_minflt - usage.ru_minflt) / measured,
+        kernel_ms_per_step=1000 * (end.ru_stime - usage.ru_stime) / measured,
+        rss_mb=int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6,
+    )
 
 
 def _rank(rank: int, port: int, config: str, data_root: str, results: Any) -> None:
@@ -80,8 +81,9 @@ def _rank(rank: int, port: int, config: str, data_root: str, results: Any) -> No
 
     torch.set_num_threads(1)
     applied = keep_step_allocations() if config == CONFIGS[2] else False
-    dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0),
-                            rank=rank, world_size=2)
+    dist.init_process_group(
+        "gloo", store=dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0), rank=rank, world_size=2
+    )
     out: dict[str, Any] = {}
     if config == CONFIGS[0]:
         _train(data_root, out)
@@ -113,7 +115,7 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     port = 29900 + os.getpid() % 1000
     for round_index in range(args.rounds):
-        order = CONFIGS[round_index % 3:] + CONFIGS[:round_index % 3]
+        order = CONFIGS[round_index % 3 :] + CONFIGS[: round_index % 3]
         for config in order:
             port += 1
             results = context.Queue()
@@ -123,23 +125,38 @@ def main() -> None:
             runs += [{**results.get(timeout=600), "round": round_index} for _ in ranks]
             for p in ranks:
                 p.join()
-    summary = {config: {key: statistics.median(r[key] for r in runs if r["config"] == config)
-                        for key in ("step_ms", "faults_per_step", "kernel_ms_per_step", "rss_mb")}
-               for config in CONFIGS}
-    payload = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "command": " ".join(["python", "bench/bench_malloc.py", *sys.argv[1:]]),
-               "load_average_before": load_before, "load_average_after": os.getloadavg(),
-               "steps": STEPS, "warmup": WARMUP, "summary": summary, "runs": runs}
+    summary = {
+        config: {
+            key: statistics.median(r[key] for r in runs if r["config"] == config)
+            for key in ("step_ms", "faults_per_step", "kernel_ms_per_step", "rss_mb")
+        }
+        for config in CONFIGS
+    }
+    payload = {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "bench/bench_malloc.py", *sys.argv[1:]]),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "steps": STEPS,
+        "warmup": WARMUP,
+        "summary": summary,
+        "runs": runs,
+    }
     lines = [
-        "# glibc malloc and the training step", "",
+        "# glibc malloc and the training step",
+        "",
         f"`{payload['command']}` on {payload['created']}: 2 DDP ranks (gloo, 1 thread each) on 2 CPUs, the "
         f"tutorial's ResNet18 on FashionMNIST, batches of 128; medians over {args.rounds} round(s) x 2 ranks of "
         f"steps {WARMUP + 1}-{STEPS}. Load average before {load_before[0]:.2f}, after {payload['load_average_after'][0]:.2f}.",
-        "", "| configuration | step ms | page faults / step | kernel ms / step | RSS after, MB |", "|---|---|---|---|---|",
+        "",
+        "| configuration | step ms | page faults / step | kernel ms / step | RSS after, MB |",
+        "|---|---|---|---|---|",
     ]
     for config, s in summary.items():
-        lines.append(f"| {config} | {s['step_ms']:.0f} | {s['faults_per_step']:.0f} | {s['kernel_ms_per_step']:.0f} | "
-                     f"{s['rss_mb']:.0f} |")
+        lines.append(
+            f"| {config} | {s['step_ms']:.0f} | {s['faults_per_step']:.0f} | {s['kernel_ms_per_step']:.0f} | "
+            f"{s['rss_mb']:.0f} |"
+        )
     write_results(args.results_dir, "malloc", payload, lines)
 
 

@@ -53,10 +53,14 @@ def register(tracking_uri: str, mirror: str) -> str:
     architecture = get_recipe(DEFAULT_RECIPE).architecture  # the network the pipeline registers
     client = MlflowClient(tracking_uri=tracking_uri)
     run = client.create_run(client.create_experiment("bench-model"), run_name="bench")
-    card = ModelCard(dataset=DatasetIdentity("fashion-mnist", get_dataset_spec("fashion-mnist").md5s, mirror),
-                     recipe={"name": "random-weights"}, architecture=architecture)
-    version = log_and_register(build_network(architecture=architecture), card, MODEL_NAME, run.info.run_id,
-                               tracking_uri)
+    card = ModelCard(
+        dataset=DatasetIdentity("fashion-mnist", get_dataset_spec("fashion-mnist").md5s, mirror),
+        recipe={"name": "random-weights"},
+        architecture=architecture,
+    )
+    version = log_and_register(
+        build_network(architecture=architecture), card, MODEL_NAME, run.info.run_id, tracking_uri
+    )
     client.set_terminated(run.info.run_id)
     client.set_registered_model_alias(MODEL_NAME, "champion", version.version)
     return version.version
@@ -78,23 +82,41 @@ def bench_pyfunc(tracking_uri: str, images) -> dict:
     calls = []
     for start in range(0, 64 * 30, 64):
         t = time.perf_counter()
-        model.predict(images[start:start + 64])
+        model.predict(images[start : start + 64])
         calls.append(time.perf_counter() - t)
-    return {"load_s": load_s, "images": len(images), "images_per_s": len(images) / whole_s,
-            "call_64_p50_ms": 1000 * statistics.median(calls), "torch_threads": __import__("torch").get_num_threads()}
+    return {
+        "load_s": load_s,
+        "images": len(images),
+        "images_per_s": len(images) / whole_s,
+        "call_64_p50_ms": 1000 * statistics.median(calls),
+        "torch_threads": __import__("torch").get_num_threads(),
+    }
 
 
 def bench_scoring(tracking_uri: str, input_url: str, out_dir: str, workers: int) -> dict:
     from flows.score import ScoreParams, score_images
 
     started = time.perf_counter()
-    summary = score_images(ScoreParams(input_url=input_url, output_url=os.path.join(out_dir, f"p{workers}.parquet"),
-                                       model_name=MODEL_NAME, mlflow_tracking_uri=tracking_uri, chunk_size=2500,
-                                       num_workers=workers))
+    summary = score_images(
+        ScoreParams(
+            input_url=input_url,
+            output_url=os.path.join(out_dir, f"p{workers}.parquet"),
+            model_name=MODEL_NAME,
+            mlflow_tracking_uri=tracking_uri,
+            chunk_size=2500,
+            num_workers=workers,
+        )
+    )
     wall = time.perf_counter() - started
-    return {"workers": workers, "images": summary.images, "chunks": summary.chunks,
-            "score_seconds": summary.score_seconds, "images_per_s": summary.images / summary.score_seconds,
-            "flow_wall_s": wall, "flow_images_per_s": summary.images / wall}
+    return {
+        "workers": workers,
+        "images": summary.images,
+        "chunks": summary.chunks,
+        "score_seconds": summary.score_seconds,
+        "images_per_s": summary.images / summary.score_seconds,
+        "flow_wall_s": wall,
+        "flow_images_per_s": summary.images / wall,
+    }
 
 
 def bench_serving(tracking_uri: str, images, requests: int, log_path: str) -> dict:
@@ -103,9 +125,26 @@ def bench_serving(tracking_uri: str, images, requests: int, log_path: str) -> di
     env.update(MLFLOW_TRACKING_URI=tracking_uri, PATH=f"{BIN}:{env.get('PATH', '')}")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [f"{BIN}/mlflow", "models", "serve", "-m", f"models:/{MODEL_NAME}@champion", "--env-manager", "local",
-             "-h", "127.0.0.1", "-p", str(port), "-w", "1"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            [
+                f"{BIN}/mlflow",
+                "models",
+                "serve",
+                "-m",
+                f"models:/{MODEL_NAME}@champion",
+                "--env-manager",
+                "local",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-w",
+                "1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         started = time.perf_counter()
@@ -121,18 +160,23 @@ def bench_serving(tracking_uri: str, images, requests: int, log_path: str) -> di
         body = json.dumps({"inputs": images[:64].tolist()}).encode()
         latencies = []
         for i in range(requests + 5):
-            request = urllib.request.Request(f"{url}/invocations", data=body,
-                                             headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                f"{url}/invocations", data=body, headers={"Content-Type": "application/json"}
+            )
             t = time.perf_counter()
             with urllib.request.urlopen(request, timeout=60) as response:
                 assert len(json.loads(response.read())["predictions"]) == 64
             if i >= 5:  # the first requests warm up the server
                 latencies.append(1000 * (time.perf_counter() - t))
         latencies.sort()
-        return {"ready_s": ready_s, "requests": len(latencies), "images_per_request": 64,
-                "p50_ms": latencies[len(latencies) // 2], "p99_ms": latencies[min(len(latencies) - 1,
-                                                                                  int(0.99 * len(latencies)))],
-                "mean_ms": statistics.fmean(latencies)}
+        return {
+            "ready_s": ready_s,
+            "requests": len(latencies),
+            "images_per_request": 64,
+            "p50_ms": latencies[len(latencies) // 2],
+            "p99_ms": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+            "mean_ms": statistics.fmean(latencies),
+        }
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
@@ -160,9 +204,15 @@ def main() -> None:
     images = read_images(input_url).pixels
 
     load_before = os.getloadavg()
-    result: dict = {"machine": {"cores": os.cpu_count(), "python": platform.python_version(),
-                                "load_avg_before": load_before,
-                                "note": "shared machine: other sessions ran tests meanwhile"}, "errors": {}}
+    result: dict = {
+        "machine": {
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_before": load_before,
+            "note": "shared machine: other sessions ran tests meanwhile",
+        },
+        "errors": {},
+    }
     os.makedirs(args.out, exist_ok=True)
 
     def stage(name: str, func):
@@ -183,8 +233,9 @@ def main() -> None:
         stage("scoring_1_worker", lambda: bench_scoring(tracking_uri, input_url, work, 1))
         stage("scoring_2_workers", lambda: bench_scoring(tracking_uri, input_url, work, 2))
         if "scoring_1_worker" in result and "scoring_2_workers" in result:
-            result["scoring_speedup_2_vs_1"] = (result["scoring_2_workers"]["images_per_s"]
-                                                / result["scoring_1_worker"]["images_per_s"])
+            result["scoring_speedup_2_vs_1"] = (
+                result["scoring_2_workers"]["images_per_s"] / result["scoring_1_worker"]["images_per_s"]
+            )
         stage("serving", lambda: bench_serving(tracking_uri, images, args.requests, os.path.join(work, "serve.log")))
         _write_markdown(result, args.out)
     finally:
@@ -200,16 +251,22 @@ def _write_markdown(result: dict, out: str) -> None:
     lines = [
         f"Registered model benchmark on the 10,000 real FashionMNIST test images ({machine['cores']} cores; load "
         f"average before/after {machine['load_avg_before'][0]:.1f} / {machine['load_avg_after'][0]:.1f}: a shared "
-        "machine, so these are lower bounds).", "",
-        "| measure | value | target |", "|---|---|---|",
-        "| in-process pyfunc predict | " + (f"{p['images_per_s']:.0f} images/s ({p['torch_threads']} torch threads)"
-                                           if p else missing) + " | |",
+        "machine, so these are lower bounds).",
+        "",
+        "| measure | value | target |",
+        "|---|---|---|",
+        "| in-process pyfunc predict | "
+        + (f"{p['images_per_s']:.0f} images/s ({p['torch_threads']} torch threads)" if p else missing)
+        + " | |",
         "| in-process pyfunc, 64-image call, p50 | " + (f"{p['call_64_p50_ms']:.0f} ms" if p else missing) + " | |",
-        "| batch scoring, 1 Ray worker (scoring stage) | " + (f"{one['images_per_s']:.0f} images/s (whole flow run "
-                                                            f"{one['flow_wall_s']:.0f} s)" if one else missing) + " | |",
-        "| batch scoring, 2 Ray workers (scoring stage) | " + (f"{two['images_per_s']:.0f} images/s (whole flow run "
-                                                             f"{two['flow_wall_s']:.0f} s)" if two else missing) + " | |",
-        "| 2 workers vs 1 | " + (f"{result['scoring_speedup_2_vs_1']:.2f}x" if one and two else missing)
+        "| batch scoring, 1 Ray worker (scoring stage) | "
+        + (f"{one['images_per_s']:.0f} images/s (whole flow run {one['flow_wall_s']:.0f} s)" if one else missing)
+        + " | |",
+        "| batch scoring, 2 Ray workers (scoring stage) | "
+        + (f"{two['images_per_s']:.0f} images/s (whole flow run {two['flow_wall_s']:.0f} s)" if two else missing)
+        + " | |",
+        "| 2 workers vs 1 | "
+        + (f"{result['scoring_speedup_2_vs_1']:.2f}x" if one and two else missing)
         + " | >= 1.6x |",
         "| served 64-image request, p50 | " + (f"{s['p50_ms']:.0f} ms" if s else missing) + " | < 150 ms |",
         "| served 64-image request, p99 | " + (f"{s['p99_ms']:.0f} ms" if s else missing) + " | |",
@@ -219,6 +276,7 @@ def _write_markdown(result: dict, out: str) -> None:
     with open(os.path.join(out, "model.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
+
 
 if __name__ == "__main__":
     main()

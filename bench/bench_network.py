@@ -62,8 +62,9 @@ def measure(architecture: str, repeats: int) -> dict:
     replacing = _SmallMapConv2d.replacing
     for round_ in range(len(variants) * max(2, repeats // 2)):
         variant = variants[round_ % len(variants)]
-        classifier_network.SCORING_COPY_FROM_IMAGES = (len(images) + 1 if variant == "as it is"
-                                                       else SCORING_COPY_FROM_IMAGES)
+        classifier_network.SCORING_COPY_FROM_IMAGES = (
+            len(images) + 1 if variant == "as it is" else SCORING_COPY_FROM_IMAGES
+        )
         _SmallMapConv2d.replacing = (lambda conv: conv) if variant == "folded only" else replacing
         started = time.perf_counter()
         predict_probabilities(network, images, MEAN, STD)
@@ -75,11 +76,15 @@ def measure(architecture: str, repeats: int) -> dict:
         started = time.perf_counter()
         predict_probabilities(network, images[:64], MEAN, STD)
         calls.append(time.perf_counter() - started)
-    return {"architecture": architecture, "parameters": sum(p.numel() for p in network.parameters()),
-            "train_step_s": statistics.median(steps), "score_10k_s": statistics.median(scoring["scoring copy"]),
-            "score_10k_folded_only_s": statistics.median(scoring["folded only"]),
-            "score_10k_unfolded_s": statistics.median(scoring["as it is"]),
-            "call_64_p50_ms": 1000 * statistics.median(calls)}
+    return {
+        "architecture": architecture,
+        "parameters": sum(p.numel() for p in network.parameters()),
+        "train_step_s": statistics.median(steps),
+        "score_10k_s": statistics.median(scoring["scoring copy"]),
+        "score_10k_folded_only_s": statistics.median(scoring["folded only"]),
+        "score_10k_unfolded_s": statistics.median(scoring["as it is"]),
+        "call_64_p50_ms": 1000 * statistics.median(calls),
+    }
 
 
 def main() -> None:
@@ -94,17 +99,34 @@ def main() -> None:
 
     load_before = os.getloadavg()
     runs = [measure(name, args.repeats) for name in ARCHITECTURES]
-    result = {"machine": {"cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                          "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
-              "repeats": args.repeats, "runs": runs}
-    lines = ["| architecture | weights | training step (batch 128, 1 thread) | 10,000 test images (2 threads) | "
-             "same, BatchNorms folded, no small-map products | same, network as it is | "
-             "64-image call p50 (2 threads) |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| `{r['architecture']}` | {r['parameters'] / 1e6:.1f}M | {r['train_step_s']:.3f} s | "
-              f"{r['score_10k_s']:.2f} s | {r['score_10k_folded_only_s']:.2f} s | {r['score_10k_unfolded_s']:.2f} s | "
-              f"{r['call_64_p50_ms']:.0f} ms |" for r in runs]
-    lines += ["", f"Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f}; "
-              f"{os.cpu_count()} cores; medians of {args.repeats}."]
+    result = {
+        "machine": {
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg(),
+        },
+        "repeats": args.repeats,
+        "runs": runs,
+    }
+    lines = [
+        "| architecture | weights | training step (batch 128, 1 thread) | 10,000 test images (2 threads) | "
+        "same, BatchNorms folded, no small-map products | same, network as it is | "
+        "64-image call p50 (2 threads) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| `{r['architecture']}` | {r['parameters'] / 1e6:.1f}M | {r['train_step_s']:.3f} s | "
+        f"{r['score_10k_s']:.2f} s | {r['score_10k_folded_only_s']:.2f} s | {r['score_10k_unfolded_s']:.2f} s | "
+        f"{r['call_64_p50_ms']:.0f} ms |"
+        for r in runs
+    ]
+    lines += [
+        "",
+        f"Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f}; "
+        f"{os.cpu_count()} cores; medians of {args.repeats}.",
+    ]
     write_results(args.out, "network", result, lines)
 
 

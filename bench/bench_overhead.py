@@ -43,7 +43,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -66,32 +67,46 @@ VARIANTS = {
 # The targets' table; the local modes and trainlib_base on request.
 DEFAULT_VARIANTS = ("trainlib", "trainlib_launch", "raytrain", "torchrun", "plain")
 # Issue 14's targets, on the 40-step tutorial job with 2 workers.
-TARGET_WALL_RATIO = 0.5          # trainlib wall / Ray Train wall, at most
-TARGET_THROUGHPUT_RATIO = 1.0    # trainlib steady steps/s / torchrun's, at least
+TARGET_WALL_RATIO = 0.5  # trainlib wall / Ray Train wall, at most
+TARGET_THROUGHPUT_RATIO = 1.0  # trainlib steady steps/s / torchrun's, at least
 TARGET_FIRST_STEP_EXTRA_S = 3.0  # trainlib time to first step - torchrun's, at most
-TARGET_RSS_RATIO = 1.2           # trainlib peak RSS of the process tree / torchrun's, at most
+TARGET_RSS_RATIO = 1.2  # trainlib peak RSS of the process tree / torchrun's, at most
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per worker (default 40)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each variant; medians are reported (default 3)")
-    parser.add_argument("--warmup-steps", type=int, default=5,
-                        help="steps left out of the steady-state throughput (default 5)")
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help=f"comma-separated subset of {','.join(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)}; "
-                             "trainlib_base comes with --baseline)")
-    parser.add_argument("--data", default=DATA,
-                        help="folder with FashionMNIST's four .gz files (default ../shared/datasets/fashion-mnist)")
-    parser.add_argument("--results-dir", default=RESULTS,
-                        help="where overhead.json and overhead.md go (default bench/results)")
+    parser.add_argument(
+        "--warmup-steps", type=int, default=5, help="steps left out of the steady-state throughput (default 5)"
+    )
+    parser.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma-separated subset of {','.join(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)}; "
+        "trainlib_base comes with --baseline)",
+    )
+    parser.add_argument(
+        "--data",
+        default=DATA,
+        help="folder with FashionMNIST's four .gz files (default ../shared/datasets/fashion-mnist)",
+    )
+    parser.add_argument(
+        "--results-dir", default=RESULTS, help="where overhead.json and overhead.md go (default bench/results)"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take (default 900)")
     parser.add_argument("--sample-interval", type=float, default=0.2, help="memory sampling period in seconds")
-    parser.add_argument("--baseline", metavar="DIR",
-                        help="a checkout of trainlib to compare with (e.g. `git archive <commit>` unpacked): adds "
-                             "the variant trainlib_base, the same job importing trainlib from DIR")
-    parser.add_argument("--rebuild", metavar="JSON",
-                        help="run nothing: recompute the medians and tables from the raw runs of an overhead.json")
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="a checkout of trainlib to compare with (e.g. `git archive <commit>` unpacked): adds "
+        "the variant trainlib_base, the same job importing trainlib from DIR",
+    )
+    parser.add_argument(
+        "--rebuild",
+        metavar="JSON",
+        help="run nothing: recompute the medians and tables from the raw runs of an overhead.json",
+    )
     args = parser.parse_args(argv)
     if args.rebuild:
         return args
@@ -104,8 +119,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if "trainlib_base" in variants and not (args.baseline and os.path.isdir(os.path.join(args.baseline, "trainlib"))):
         parser.error(f"--baseline={args.baseline!r}: the trainlib_base variant needs a folder holding trainlib/")
     if args.steps <= args.warmup_steps + 1:
-        parser.error(f"--steps={args.steps} must exceed --warmup-steps={args.warmup_steps} by 2 or more, "
-                     "so some steady-state intervals remain")
+        parser.error(
+            f"--steps={args.steps} must exceed --warmup-steps={args.warmup_steps} by 2 or more, "
+            "so some steady-state intervals remain"
+        )
     if args.repeats < 1:
         parser.error(f"--repeats={args.repeats}: use 1 or more")
     if not os.path.isdir(args.data):
@@ -214,8 +231,7 @@ class TreeSampler(threading.Thread):
 
 
 # Processes that run the training steps; every other process of a job's tree is overhead.
-TRAINING_PROCESSES = ("ray::TrainWorker", "ray::RayTrainWorker", "torchrun_job.py", "plain_job.py",
-                      "local_job.py")
+TRAINING_PROCESSES = ("ray::TrainWorker", "ray::RayTrainWorker", "torchrun_job.py", "plain_job.py", "local_job.py")
 
 
 def process_label(proc: psutil.Process) -> str | None:
@@ -251,12 +267,19 @@ def _alive(proc: psutil.Process) -> bool:
 def command(variant: str, steps: int, data_root: str, storage: str, out: str) -> list[str]:
     job_args = ["--steps", str(steps), "--data-root", data_root, "--storage", storage, "--out", out]
     if variant == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                os.path.join(JOBS, "torchrun_job.py"), *job_args]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            os.path.join(JOBS, "torchrun_job.py"),
+            *job_args,
+        ]
     if variant == "trainlib_launch":
         return [sys.executable, "-m", "trainlib", os.path.join(JOBS, "trainlib_job.py"), *job_args]
     if variant.endswith("_local"):
-        return [sys.executable, os.path.join(JOBS, "local_job.py"), variant[:-len("_local")], *job_args]
+        return [sys.executable, os.path.join(JOBS, "local_job.py"), variant[: -len("_local")], *job_args]
     script = "trainlib" if variant == "trainlib_base" else variant
     return [sys.executable, os.path.join(JOBS, f"{script}_job.py"), *job_args]
 
@@ -266,8 +289,11 @@ def job_env(baseline: str | None = None) -> dict[str, str]:
 
     With ``baseline``, trainlib is imported from that folder instead of this checkout.
     """
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAY_ADDRESS", "CUDA_VISIBLE_DEVICES")
+    }
     # The jobs import bench/jobs/common.py; Ray workers inherit this path from the driver's environment.
     inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and baseline is None]
     env["PYTHONPATH"] = os.pathsep.join([JOBS, os.path.abspath(baseline) if baseline else REPO] + inherited)
@@ -289,8 +315,13 @@ def run_once(variant: str, args: argparse.Namespace, data_root: str, workdir: st
         # Ray puts the driver's working directory on its workers' import path: the baseline's
         # workers must start there, or they import this checkout's trainlib.
         cwd = os.path.abspath(args.baseline) if variant == "trainlib_base" else REPO
-        proc = subprocess.Popen(command(variant, args.steps, data_root, storage, out), cwd=cwd, env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            command(variant, args.steps, data_root, storage, out),
+            cwd=cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         sampler = TreeSampler(proc.pid, args.sample_interval)
         sampler.start()
         try:
@@ -307,10 +338,16 @@ def run_once(variant: str, args: argparse.Namespace, data_root: str, workdir: st
         except psutil.Error:
             pass
     record: dict[str, Any] = {
-        "variant": variant, "index": index, "returncode": rc, "start": t0, "wall_s": t_exit - t0,
-        "peak_rss_bytes": sampler.peak_bytes, "processes_at_peak": sampler.peak_processes,
+        "variant": variant,
+        "index": index,
+        "returncode": rc,
+        "start": t0,
+        "wall_s": t_exit - t0,
+        "peak_rss_bytes": sampler.peak_bytes,
+        "processes_at_peak": sampler.peak_processes,
         "rss_at_peak_by_process": dict(sorted(sampler.peak_by_process.items(), key=lambda kv: -kv[1])),
-        "processes_seen": len(sampler.known), "memory_samples": sampler.samples,
+        "processes_seen": len(sampler.known),
+        "memory_samples": sampler.samples,
         "leftover_processes": [sampler.names.get(p.pid, str(p.pid)) for p in leftovers],
         "cpu_s_by_process": sampler.cpu_by_label(),
         "load_average_at_start": load_before,
@@ -327,42 +364,49 @@ def run_once(variant: str, args: argparse.Namespace, data_root: str, workdir: st
         with open(driver_path) as f:
             driver = json.load(f)
     ends = rank0["step_ends"]
-    intervals = [b - a for a, b in zip(ends, ends[1:])][args.warmup_steps:]
+    intervals = [b - a for a, b in zip(ends, ends[1:])][args.warmup_steps :]
     cpu = record["cpu_s_by_process"]
     steady_training_cpu, steady_other_cpu = sampler.cpu_split(ends[args.warmup_steps], ends[-1])
     script_start = driver.get("start", rank0.get("start"))
-    record.update({
-        "framework": driver.get("framework", rank0.get("framework")),
-        "time_to_first_step_s": rank0["first_step_start"] - t0,
-        "first_step_s": ends[0] - rank0["first_step_start"],
-        "steady_steps_per_s": 1.0 / statistics.median(intervals),
-        # The job's fixed cost, independent of --steps: wall time outside the training steps.
-        "outside_steps_s": (t_exit - t0) - (ends[-1] - rank0["first_step_start"]),
-        # CPU seconds of the whole job, and during the steady-state steps: the training processes
-        # versus everything else of the tree (launchers, drivers, Ray's daemons), on the same 2 cores.
-        "cpu_s_training": round(sum(v for k, v in cpu.items() if k in TRAINING_PROCESSES), 2),
-        "cpu_s_other": round(sum(v for k, v in cpu.items() if k not in TRAINING_PROCESSES), 2),
-        "steady_cpu_share_other": (steady_other_cpu / (steady_training_cpu + steady_other_cpu)
-                                   if steady_training_cpu + steady_other_cpu > 0 else None),
-        "steady_intervals_s": intervals,
-        "steps": len(ends),
-        "world_size": rank0["world_size"],
-        "final_loss": rank0["final_loss"],
-        "checkpoint_bytes": driver.get("checkpoint_bytes", rank0.get("checkpoint_bytes")),
-        "threads": {k: rank0.get(k) for k in ("torch_num_threads", "torch_num_interop_threads",
-                                                "OMP_NUM_THREADS", "MKL_NUM_THREADS")},
-        # Where the time goes, in seconds from Popen.
-        "phases_s": {
-            "interpreter_start": script_start - t0,
-            "imports_done": (driver.get("imported", rank0.get("imported")) - t0),
-            "train_func_enter": rank0["train_func_enter"] - t0,
-            "first_step_start": rank0["first_step_start"] - t0,
-            "last_step_end": ends[-1] - t0,
-            "report_s": rank0["report_end"] - rank0["report_start"],
-            "after_last_step_to_exit": t_exit - ends[-1],
-            **({"fit_end": driver["fit_end"] - t0} if "fit_end" in driver else {}),
-        },
-    })
+    record.update(
+        {
+            "framework": driver.get("framework", rank0.get("framework")),
+            "time_to_first_step_s": rank0["first_step_start"] - t0,
+            "first_step_s": ends[0] - rank0["first_step_start"],
+            "steady_steps_per_s": 1.0 / statistics.median(intervals),
+            # The job's fixed cost, independent of --steps: wall time outside the training steps.
+            "outside_steps_s": (t_exit - t0) - (ends[-1] - rank0["first_step_start"]),
+            # CPU seconds of the whole job, and during the steady-state steps: the training processes
+            # versus everything else of the tree (launchers, drivers, Ray's daemons), on the same 2 cores.
+            "cpu_s_training": round(sum(v for k, v in cpu.items() if k in TRAINING_PROCESSES), 2),
+            "cpu_s_other": round(sum(v for k, v in cpu.items() if k not in TRAINING_PROCESSES), 2),
+            "steady_cpu_share_other": (
+                steady_other_cpu / (steady_training_cpu + steady_other_cpu)
+                if steady_training_cpu + steady_other_cpu > 0
+                else None
+            ),
+            "steady_intervals_s": intervals,
+            "steps": len(ends),
+            "world_size": rank0["world_size"],
+            "final_loss": rank0["final_loss"],
+            "checkpoint_bytes": driver.get("checkpoint_bytes", rank0.get("checkpoint_bytes")),
+            "threads": {
+                k: rank0.get(k)
+                for k in ("torch_num_threads", "torch_num_interop_threads", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+            },
+            # Where the time goes, in seconds from Popen.
+            "phases_s": {
+                "interpreter_start": script_start - t0,
+                "imports_done": (driver.get("imported", rank0.get("imported")) - t0),
+                "train_func_enter": rank0["train_func_enter"] - t0,
+                "first_step_start": rank0["first_step_start"] - t0,
+                "last_step_end": ends[-1] - t0,
+                "report_s": rank0["report_end"] - rank0["report_start"],
+                "after_last_step_to_exit": t_exit - ends[-1],
+                **({"fit_end": driver["fit_end"] - t0} if "fit_end" in driver else {}),
+            },
+        }
+    )
     return record
 
 
@@ -380,14 +424,19 @@ def summarise(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]
             for key in ok[0]["phases_s"]:
                 phases[key] = statistics.median(r["phases_s"][key] for r in ok if key in r["phases_s"])
         summary[v] = {
-            "label": VARIANTS[v], "framework": ok[0]["framework"] if ok else None,
-            "runs_ok": len(ok), "runs_failed": sum(1 for r in runs if r["variant"] == v) - len(ok),
-            "wall_s": median_of(ok, "wall_s"), "time_to_first_step_s": median_of(ok, "time_to_first_step_s"),
+            "label": VARIANTS[v],
+            "framework": ok[0]["framework"] if ok else None,
+            "runs_ok": len(ok),
+            "runs_failed": sum(1 for r in runs if r["variant"] == v) - len(ok),
+            "wall_s": median_of(ok, "wall_s"),
+            "time_to_first_step_s": median_of(ok, "time_to_first_step_s"),
             "steady_steps_per_s": median_of(ok, "steady_steps_per_s"),
             "outside_steps_s": median_of(ok, "outside_steps_s"),
-            "cpu_s_training": median_of(ok, "cpu_s_training"), "cpu_s_other": median_of(ok, "cpu_s_other"),
+            "cpu_s_training": median_of(ok, "cpu_s_training"),
+            "cpu_s_other": median_of(ok, "cpu_s_other"),
             "steady_cpu_share_other": median_of(ok, "steady_cpu_share_other"),
-            "peak_rss_bytes": median_of(ok, "peak_rss_bytes"), "phases_s": phases,
+            "peak_rss_bytes": median_of(ok, "peak_rss_bytes"),
+            "phases_s": phases,
             "world_size": ok[0]["world_size"] if ok else None,
             "threads": ok[0]["threads"] if ok else None,
         }
@@ -409,15 +458,20 @@ def ratios(summary: dict[str, Any]) -> dict[str, Any]:
         if first and torchrun_first:
             first_extra = first - torchrun_first
         return {
-            f"{prefix}_wall_over_raytrain_wall": target(ratio(variant, "raytrain", "wall_s"),
-                                                        f"<= {TARGET_WALL_RATIO}", lambda v: v <= TARGET_WALL_RATIO),
-            f"{prefix}_first_step_minus_torchrun_s": target(first_extra, f"<= +{TARGET_FIRST_STEP_EXTRA_S:g} s",
-                                                            lambda v: v <= TARGET_FIRST_STEP_EXTRA_S),
-            f"{prefix}_steps_per_s_over_torchrun": target(ratio(variant, "torchrun", "steady_steps_per_s"),
-                                                          f">= {TARGET_THROUGHPUT_RATIO}",
-                                                          lambda v: v >= TARGET_THROUGHPUT_RATIO),
-            f"{prefix}_peak_rss_over_torchrun": target(ratio(variant, "torchrun", "peak_rss_bytes"),
-                                                       f"<= {TARGET_RSS_RATIO}", lambda v: v <= TARGET_RSS_RATIO),
+            f"{prefix}_wall_over_raytrain_wall": target(
+                ratio(variant, "raytrain", "wall_s"), f"<= {TARGET_WALL_RATIO}", lambda v: v <= TARGET_WALL_RATIO
+            ),
+            f"{prefix}_first_step_minus_torchrun_s": target(
+                first_extra, f"<= +{TARGET_FIRST_STEP_EXTRA_S:g} s", lambda v: v <= TARGET_FIRST_STEP_EXTRA_S
+            ),
+            f"{prefix}_steps_per_s_over_torchrun": target(
+                ratio(variant, "torchrun", "steady_steps_per_s"),
+                f">= {TARGET_THROUGHPUT_RATIO}",
+                lambda v: v >= TARGET_THROUGHPUT_RATIO,
+            ),
+            f"{prefix}_peak_rss_over_torchrun": target(
+                ratio(variant, "torchrun", "peak_rss_bytes"), f"<= {TARGET_RSS_RATIO}", lambda v: v <= TARGET_RSS_RATIO
+            ),
         }
 
     return {
@@ -435,19 +489,26 @@ def ratios(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def machine_info() -> dict[str, Any]:
+    import ray
     import torch
     import torchvision
-    import ray
 
     return {
-        "logical_cpus": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
-        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
-        "torch": torch.__version__, "torchvision": torchvision.__version__, "ray": ray.__version__,
+        "logical_cpus": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "ray": ray.__version__,
         # ray.init() without an address joins a cluster started by `ray start` if this file exists.
-        "ray_current_cluster_file_present": os.path.exists(os.path.join(tempfile.gettempdir(), "ray",
-                                                                        "ray_current_cluster")),
-        "git_commit": _git("rev-parse", "HEAD"), "git_dirty_files": len(_git("status", "--porcelain").splitlines()),
+        "ray_current_cluster_file_present": os.path.exists(
+            os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
+        ),
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty_files": len(_git("status", "--porcelain").splitlines()),
     }
 
 
@@ -485,26 +546,33 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_fmt(row['time_to_first_step_s'], '.1f')} | {_fmt(row['steady_steps_per_s'], '.2f')} | "
             f"{_fmt(samples, '.0f')} | {_fmt(row['outside_steps_s'], '.1f')} | {_fmt(None if row['peak_rss_bytes'] is None else row['peak_rss_bytes'] / 1e9, '.2f')} |"
         )
+
     def verdict(x: dict[str, Any]) -> str:
         return "n/a" if x["met"] is None else ("met" if x["met"] else "MISSED")
 
     lines += ["", "| target (issue 14) | measured | target | |", "|---|---|---|---|"]
-    rows = [("wall_over_raytrain_wall", "wall / Ray Train wall", ".2f"),
-            ("first_step_minus_torchrun_s", "time to first step - torchrun's, s", "+.1f"),
-            ("steps_per_s_over_torchrun", "steady steps/s / torchrun's", ".3f"),
-            ("peak_rss_over_torchrun", "peak RSS / torchrun's", ".2f")]
+    rows = [
+        ("wall_over_raytrain_wall", "wall / Ray Train wall", ".2f"),
+        ("first_step_minus_torchrun_s", "time to first step - torchrun's, s", "+.1f"),
+        ("steps_per_s_over_torchrun", "steady steps/s / torchrun's", ".3f"),
+        ("peak_rss_over_torchrun", "peak RSS / torchrun's", ".2f"),
+    ]
     ways = [("trainlib", "trainlib")] + ([("launch", "`python -m trainlib`:")] if "trainlib_launch" in s else [])
     for prefix, who in ways:
         for key, label, spec in rows:
             x = r[f"{prefix}_{key}"]
             lines.append(f"| {who} {label} | {_fmt(x['value'], spec)} | {x['target']} | {verdict(x)} |")
-    lines.append(f"| trainlib / Ray Train, wall outside the steps | "
-                 f"{_fmt(r['trainlib_outside_steps_over_raytrain'], '.2f')} | (no target) | |")
+    lines.append(
+        f"| trainlib / Ray Train, wall outside the steps | "
+        f"{_fmt(r['trainlib_outside_steps_over_raytrain'], '.2f')} | (no target) | |"
+    )
     if r.get("trainlib_wall_over_baseline") is not None:
-        lines.append(f"| trainlib / trainlib before (--baseline): wall, outside the steps, peak RSS | "
-                     f"{_fmt(r['trainlib_wall_over_baseline'], '.2f')}, "
-                     f"{_fmt(r['trainlib_outside_steps_over_baseline'], '.2f')}, "
-                     f"{_fmt(r['trainlib_peak_rss_over_baseline'], '.2f')} | (no target) | |")
+        lines.append(
+            f"| trainlib / trainlib before (--baseline): wall, outside the steps, peak RSS | "
+            f"{_fmt(r['trainlib_wall_over_baseline'], '.2f')}, "
+            f"{_fmt(r['trainlib_outside_steps_over_baseline'], '.2f')}, "
+            f"{_fmt(r['trainlib_peak_rss_over_baseline'], '.2f')} | (no target) | |"
+        )
     lines += [
         "",
         "Where the wall time goes (median seconds from process start):",
@@ -539,8 +607,10 @@ def write_report(report: dict[str, Any], results_dir: str) -> str:
         json.dump(report, f, indent=1)
     table = markdown(report)
     with open(os.path.join(results_dir, "overhead.md"), "w") as f:
-        f.write("# Overhead benchmark\n\nReproduce: `make bench` (= `python bench/bench_overhead.py`); this file was "
-                f"written by `{report['command']}` on {report['created']}.\n\n" + table)
+        f.write(
+            "# Overhead benchmark\n\nReproduce: `make bench` (= `python bench/bench_overhead.py`); this file was "
+            f"written by `{report['command']}` on {report['created']}.\n\n" + table
+        )
     return table
 
 
@@ -575,8 +645,12 @@ def main(argv: list[str] | None = None) -> int:
         data_root = os.path.join(workdir, "data")
         torchvision_layout(args.data, data_root)
         # Warm the page cache for the libraries every job imports, so the first run is not the only cold one.
-        subprocess.run([sys.executable, "-c", "import torch, torchvision, ray, ray.train.torch, trainlib.torch"],
-                       cwd=REPO, env=job_env(), check=True)
+        subprocess.run(
+            [sys.executable, "-c", "import torch, torchvision, ray, ray.train.torch, trainlib.torch"],
+            cwd=REPO,
+            env=job_env(),
+            check=True,
+        )
         runs = []
         index = 0
         for repeat in range(args.repeats):
@@ -586,11 +660,19 @@ def main(argv: list[str] | None = None) -> int:
                 record["repeat"] = repeat
                 runs.append(record)
                 index += 1
-                status = "FAILED" if "error" in record else (
-                    f"wall {record['wall_s']:.1f}s, first step {record['time_to_first_step_s']:.1f}s, "
-                    f"{record['steady_steps_per_s']:.2f} steps/s, peak {record['peak_rss_bytes'] / 1e9:.2f} GB")
-                print(f"[{repeat + 1}/{args.repeats}] {variant:13s} {status}, load "
-                      f"{record['load_average_at_start'][0]:.1f}", flush=True)
+                status = (
+                    "FAILED"
+                    if "error" in record
+                    else (
+                        f"wall {record['wall_s']:.1f}s, first step {record['time_to_first_step_s']:.1f}s, "
+                        f"{record['steady_steps_per_s']:.2f} steps/s, peak {record['peak_rss_bytes'] / 1e9:.2f} GB"
+                    )
+                )
+                print(
+                    f"[{repeat + 1}/{args.repeats}] {variant:13s} {status}, load "
+                    f"{record['load_average_at_start'][0]:.1f}",
+                    flush=True,
+                )
                 if "error" in record:
                     print(record["error"][-1500:], file=sys.stderr, flush=True)
     finally:
@@ -598,16 +680,29 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(runs, args.variants)
     report = {
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": " ".join([os.path.relpath(sys.argv[0], REPO) if sys.argv else "bench/bench_overhead.py",
-                             *(argv if argv is not None else sys.argv[1:])]),
-        "settings": {"steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
-                     "batch_size_per_worker": 128, "variants": args.variants, "sample_interval_s": args.sample_interval},
+        "command": " ".join(
+            [
+                os.path.relpath(sys.argv[0], REPO) if sys.argv else "bench/bench_overhead.py",
+                *(argv if argv is not None else sys.argv[1:]),
+            ]
+        ),
+        "settings": {
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "warmup_steps": args.warmup_steps,
+            "batch_size_per_worker": 128,
+            "variants": args.variants,
+            "sample_interval_s": args.sample_interval,
+        },
         "machine": machine_info(),
-        "load_average_before": load_before, "load_average_after": os.getloadavg(),
-        "summary": summary, "ratios": ratios(summary), "runs": runs,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "summary": summary,
+        "ratios": ratios(summary),
+        "runs": runs,
         "peak_rss_includes": "the job's process and every descendant seen while it ran (Ray: driver, gcs_server, "
-                             "raylet, dashboard/agents, log monitor, Ray Train controller, worker processes; "
-                             "torchrun: launcher and its 2 ranks)",
+        "raylet, dashboard/agents, log monitor, Ray Train controller, worker processes; "
+        "torchrun: launcher and its 2 ranks)",
     }
     print(write_report(report, args.results_dir))
     return 0 if all(row["runs_failed"] == 0 for row in summary.values()) else 1

@@ -46,7 +46,7 @@ class CpuSampler:
         self.names: dict[int, str] = {}  # pid -> the process's name, for the per-process breakdown
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> "CpuSampler":
+    def __enter__(self) -> CpuSampler:
         self._thread.start()
         return self
 
@@ -55,8 +55,9 @@ class CpuSampler:
         self._thread.join()
 
     def _group(self, process) -> str | None:
-        if self.server is not None and (process.pid == self.server.pid or self.server.pid in
-                                        [p.pid for p in process.parents()]):
+        if self.server is not None and (
+            process.pid == self.server.pid or self.server.pid in [p.pid for p in process.parents()]
+        ):
             return "prefect"
         # Only this benchmark's own Ray (its processes descend from this one): the machine may run others.
         if os.getpid() not in [p.pid for p in process.parents()]:
@@ -95,8 +96,9 @@ class CpuSampler:
 
     def cpu_seconds_by_process(self) -> dict[str, float]:
         """Total CPU seconds of each sampled service process over the whole run (name -> seconds)."""
-        return {f"{self.names[pid]} ({pid})": round(seconds, 2) for pid, (group, seconds) in self._known.items()
-                if group}
+        return {
+            f"{self.names[pid]} ({pid})": round(seconds, 2) for pid, (group, seconds) in self._known.items() if group
+        }
 
     def share_of_machine(self, start: float, end: float) -> dict[str, float]:
         """CPU share (0..1 of all cores) each group used between wall times ``start`` and ``end``."""
@@ -116,8 +118,12 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N training images only (busy machine)")
     parser.add_argument("--test-limit", type=int, default=None, help="first N test images only")
     parser.add_argument("--tag", default="pipeline", help="results file name (default: %(default)s)")
-    parser.add_argument("--recipe", default="augmented", choices=["augmented", "tutorial"],
-                        help="training recipe (default: %(default)s)")
+    parser.add_argument(
+        "--recipe",
+        default="augmented",
+        choices=["augmented", "tutorial"],
+        help="training recipe (default: %(default)s)",
+    )
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"))
     args = parser.parse_args()
     epochs_list = args.epochs or [1]
@@ -132,36 +138,60 @@ def main() -> None:
         for epochs in epochs_list:
             started = time.perf_counter()
             with CpuSampler(server.pid) as sampler:
-                summary = training_pipeline(PipelineParams(
-                    mirrors=[os.path.abspath(args.mirror)], epochs=epochs, num_workers=args.num_workers,
-                    experiment_name="bench", model_name=f"bench-{epochs}ep", limit=args.limit,
-                    test_limit=args.test_limit, recipe=args.recipe))
+                summary = training_pipeline(
+                    PipelineParams(
+                        mirrors=[os.path.abspath(args.mirror)],
+                        epochs=epochs,
+                        num_workers=args.num_workers,
+                        experiment_name="bench",
+                        model_name=f"bench-{epochs}ep",
+                        limit=args.limit,
+                        test_limit=args.test_limit,
+                        recipe=args.recipe,
+                    )
+                )
             wall = time.perf_counter() - started
             train = summary.stage_times.train
-            runs.append({
-                "epochs": epochs, "recipe": args.recipe, "limit": args.limit, "test_limit": args.test_limit, "pipeline_wall_s": wall,
-                "stage_seconds": summary.stage_times.seconds(), "fit_seconds": summary.fit_seconds,
-                "overhead_beyond_fit_s": wall - summary.fit_seconds, "test_accuracy": summary.test_accuracy,
-                "test_loss": summary.test_loss, "training_metrics": summary.training_metrics,
-                "services_cpu_share_while_training": sampler.share_of_machine(train.started_at, train.ended_at),
-                "services_cpu_seconds_whole_run": sampler.cpu_seconds_by_process(),
-            })
+            runs.append(
+                {
+                    "epochs": epochs,
+                    "recipe": args.recipe,
+                    "limit": args.limit,
+                    "test_limit": args.test_limit,
+                    "pipeline_wall_s": wall,
+                    "stage_seconds": summary.stage_times.seconds(),
+                    "fit_seconds": summary.fit_seconds,
+                    "overhead_beyond_fit_s": wall - summary.fit_seconds,
+                    "test_accuracy": summary.test_accuracy,
+                    "test_loss": summary.test_loss,
+                    "training_metrics": summary.training_metrics,
+                    "services_cpu_share_while_training": sampler.share_of_machine(train.started_at, train.ended_at),
+                    "services_cpu_seconds_whole_run": sampler.cpu_seconds_by_process(),
+                }
+            )
             print(json.dumps(runs[-1], indent=1), flush=True)
     finally:
         if server.pid:
             os.kill(server.pid, 15)
     machine = {"cores": os.cpu_count(), "python": platform.python_version(), "load_avg_after": os.getloadavg()}
-    lines = ["| epochs | training images | pipeline wall (s) | download | train task | evaluate | register "
-             "| trainlib fit() (s) | overhead beyond fit() (s) | Prefect server CPU while training "
-             "| Ray services CPU while training | test accuracy |", "|---" * 12 + "|"]
+    lines = [
+        "| epochs | training images | pipeline wall (s) | download | train task | evaluate | register "
+        "| trainlib fit() (s) | overhead beyond fit() (s) | Prefect server CPU while training "
+        "| Ray services CPU while training | test accuracy |",
+        "|---" * 12 + "|",
+    ]
     for r in runs:
         s, cpu = r["stage_seconds"], r["services_cpu_share_while_training"]
-        lines.append(f"| {r['epochs']} | {r['limit'] or 'all'} | {r['pipeline_wall_s']:.0f} | {s['download']:.1f} | "
-                     f"{s['train']:.0f} | {s['evaluate']:.1f} | {s['register']:.1f} | {r['fit_seconds']:.0f} | "
-                     f"{r['overhead_beyond_fit_s']:.0f} | {100 * cpu['prefect']:.1f}% | {100 * cpu['ray']:.1f}% | "
-                     f"{100 * r['test_accuracy']:.2f}% |")
-    lines.append(f"\nMachine: {machine['cores']} cores, load average after the run {machine['load_avg_after']}. "
-                 "CPU shares are of the whole machine (all cores).")
+        lines.append(
+            f"| {r['epochs']} | {r['limit'] or 'all'} | {r['pipeline_wall_s']:.0f} | {s['download']:.1f} | "
+            f"{s['train']:.0f} | {s['evaluate']:.1f} | {s['register']:.1f} | {r['fit_seconds']:.0f} | "
+            f"{r['overhead_beyond_fit_s']:.0f} | {100 * cpu['prefect']:.1f}% | {100 * cpu['ray']:.1f}% | "
+            f"{100 * r['test_accuracy']:.2f}% |"
+        )
+    lines.append(
+        f"\nMachine: {machine['cores']} cores, load average after the run {machine['load_avg_after']}. "
+        "CPU shares are of the whole machine (all cores)."
+    )
     write_results(args.out, args.tag, {"machine": machine, "prefect_server": server.how, "runs": runs}, lines)
 
 

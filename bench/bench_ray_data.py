@@ -24,7 +24,6 @@ import tempfile
 import time
 
 import psutil
-
 from bench_overhead import JOBS, REPO, TreeSampler, job_env, machine_info
 from results_files import write_results
 
@@ -44,8 +43,22 @@ def run_once(variant: str, args: argparse.Namespace, data_root: str, workdir: st
     out, storage = os.path.join(run_dir, "out"), os.path.join(run_dir, "storage")
     os.makedirs(out)
     os.makedirs(storage)
-    cmd = [sys.executable, os.path.join(JOBS, "data_job.py"), "--framework", framework, "--input", feed,
-           "--steps", str(args.steps), "--data-root", data_root, "--storage", storage, "--out", out]
+    cmd = [
+        sys.executable,
+        os.path.join(JOBS, "data_job.py"),
+        "--framework",
+        framework,
+        "--input",
+        feed,
+        "--steps",
+        str(args.steps),
+        "--data-root",
+        data_root,
+        "--storage",
+        storage,
+        "--out",
+        out,
+    ]
     with open(os.path.join(run_dir, "log.txt"), "wb") as log:
         t0 = time.time()
         proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=log, stderr=subprocess.STDOUT)
@@ -71,7 +84,7 @@ def run_once(variant: str, args: argparse.Namespace, data_root: str, workdir: st
         return record
     with open(rank0) as f:
         ends = json.load(f)["step_ends"]
-    intervals = [b - a for a, b in zip(ends, ends[1:])][args.warmup_steps:]
+    intervals = [b - a for a, b in zip(ends, ends[1:])][args.warmup_steps :]
     record["samples_per_s"] = BATCH * WORKERS / statistics.median(intervals)
     record["time_to_first_step_s"] = ends[0] - t0
     return record
@@ -97,36 +110,61 @@ def main(argv: list[str] | None = None) -> int:
         data_root = os.path.join(workdir, "data")
         torchvision_layout(args.data, data_root)
         for repeat in range(args.repeats):
-            for variant in variants[repeat % len(variants):] + variants[:repeat % len(variants)]:
+            for variant in variants[repeat % len(variants) :] + variants[: repeat % len(variants)]:
                 record = run_once(variant, args, data_root, workdir, len(runs))
                 runs.append(record)
-                print(variant, {k: v for k, v in record.items() if k != "error"}, record.get("error", "")[-800:],
-                      flush=True)
+                print(
+                    variant,
+                    {k: v for k, v in record.items() if k != "error"},
+                    record.get("error", "")[-800:],
+                    flush=True,
+                )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     rows = []
     for variant in variants:
         ok = [r for r in runs if r["variant"] == variant and "error" not in r]
-        rows.append({"variant": variant, "runs": len(ok),
-                     "samples_per_s": statistics.median(r["samples_per_s"] for r in ok) if ok else None,
-                     "time_to_first_step_s": statistics.median(r["time_to_first_step_s"] for r in ok) if ok else None,
-                     "wall_s": statistics.median(r["wall_s"] for r in ok) if ok else None,
-                     "peak_rss_gb": statistics.median(r["peak_rss_bytes"] for r in ok) / 1e9 if ok else None})
-    report = {"created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "settings": {"steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
-                           "batch_per_worker": BATCH, "workers": WORKERS},
-              "machine": machine_info(), "load_average_before": load_before, "load_average_after": os.getloadavg(),
-              "summary": rows, "runs": runs}
-    lines = ["# Ray Data vs DataLoader on the tutorial job", "",
-             f"Reproduce: `python bench/bench_ray_data.py --steps {args.steps} --repeats {args.repeats}`; written "
-             f"{report['created']}. ResNet18 on the real FashionMNIST, 2 workers x batch {BATCH}, {args.steps} steps, "
-             f"median of {args.repeats} fresh-process run(s); steady state skips {args.warmup_steps} steps. "
-             f"Load average before/after: {load_before[0]:.2f} / {report['load_average_after'][0]:.2f}.", "",
-             "| variant | samples/s (steady) | time to first step s | wall s | peak RSS of the job's tree GB |",
-             "|---|---|---|---|---|"]
+        rows.append(
+            {
+                "variant": variant,
+                "runs": len(ok),
+                "samples_per_s": statistics.median(r["samples_per_s"] for r in ok) if ok else None,
+                "time_to_first_step_s": statistics.median(r["time_to_first_step_s"] for r in ok) if ok else None,
+                "wall_s": statistics.median(r["wall_s"] for r in ok) if ok else None,
+                "peak_rss_gb": statistics.median(r["peak_rss_bytes"] for r in ok) / 1e9 if ok else None,
+            }
+        )
+    report = {
+        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "settings": {
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "warmup_steps": args.warmup_steps,
+            "batch_per_worker": BATCH,
+            "workers": WORKERS,
+        },
+        "machine": machine_info(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "summary": rows,
+        "runs": runs,
+    }
+    lines = [
+        "# Ray Data vs DataLoader on the tutorial job",
+        "",
+        f"Reproduce: `python bench/bench_ray_data.py --steps {args.steps} --repeats {args.repeats}`; written "
+        f"{report['created']}. ResNet18 on the real FashionMNIST, 2 workers x batch {BATCH}, {args.steps} steps, "
+        f"median of {args.repeats} fresh-process run(s); steady state skips {args.warmup_steps} steps. "
+        f"Load average before/after: {load_before[0]:.2f} / {report['load_average_after'][0]:.2f}.",
+        "",
+        "| variant | samples/s (steady) | time to first step s | wall s | peak RSS of the job's tree GB |",
+        "|---|---|---|---|---|",
+    ]
     for row in rows:
-        cells = [f"{row[k]:.1f}" if isinstance(row[k], float) else "FAILED" for k in
-                 ("samples_per_s", "time_to_first_step_s", "wall_s")]
+        cells = [
+            f"{row[k]:.1f}" if isinstance(row[k], float) else "FAILED"
+            for k in ("samples_per_s", "time_to_first_step_s", "wall_s")
+        ]
         peak = f"{row['peak_rss_gb']:.2f}" if row["peak_rss_gb"] else "FAILED"
         lines.append(f"| {row['variant']} | {' | '.join(cells)} | {peak} |")
     write_results(args.results_dir, "ray_data", report, lines)

@@ -24,8 +24,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 
-def train_and_test(recipe_name: str, images, labels, test_images, test_labels, epochs: int, batch_size: int,
-                   seed: int) -> dict:
+def train_and_test(
+    recipe_name: str, images, labels, test_images, test_labels, epochs: int, batch_size: int, seed: int
+) -> dict:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -43,7 +44,7 @@ def train_and_test(recipe_name: str, images, labels, test_images, test_labels, e
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
     started = time.perf_counter()
     per_epoch = []
-    for epoch in range(epochs):
+    for _epoch in range(epochs):
         model.train()
         for x, y in loader:
             loss = criterion(model(augment_batch(x, recipe, -MEAN / STD)), y)
@@ -55,8 +56,13 @@ def train_and_test(recipe_name: str, images, labels, test_images, test_labels, e
         per_epoch.append(time.perf_counter() - started)
     train_s = time.perf_counter() - started
     report = evaluate_model(model, test_images, test_labels, get_dataset_spec("fashion-mnist").class_names)
-    return {"recipe": recipe.record(), "test_accuracy": report.accuracy, "test_loss": report.loss,
-            "train_seconds": train_s, "epoch_end_seconds": per_epoch}
+    return {
+        "recipe": recipe.record(),
+        "test_accuracy": report.accuracy,
+        "test_loss": report.loss,
+        "train_seconds": train_s,
+        "epoch_end_seconds": per_epoch,
+    }
 
 
 def main() -> None:
@@ -81,21 +87,41 @@ def main() -> None:
     load_before = os.getloadavg()
     runs = []
     for name in args.recipe or ["tutorial", "augmented"]:
-        runs.append(train_and_test(name, images, labels, test_images, test_labels, args.epochs, args.batch_size,
-                                   args.seed))
+        runs.append(
+            train_and_test(name, images, labels, test_images, test_labels, args.epochs, args.batch_size, args.seed)
+        )
         print(json.dumps(runs[-1]), flush=True)
-    result = {"setup": {"train_images": len(labels), "test_images": len(test_labels), "epochs": args.epochs,
-                        "batch_size": args.batch_size, "threads": args.threads, "seed": args.seed},
-              "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                          "load_avg_before": load_before, "load_avg_after": os.getloadavg()},
-              "runs": runs}
-    lines = [f"Subset comparison: first {len(labels)} training images, {args.epochs} epoch(s), batch {args.batch_size}, "
-             f"{args.threads} threads, one process; test accuracy on all {len(test_labels)} test images. "
-             f"Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} (shared machine).", "",
-             "| recipe | test accuracy | test loss | training (s) |", "|---|---|---|---|"]
+    result = {
+        "setup": {
+            "train_images": len(labels),
+            "test_images": len(test_labels),
+            "epochs": args.epochs,
+            "batch_size": args.batch_size,
+            "threads": args.threads,
+            "seed": args.seed,
+        },
+        "machine": {
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg(),
+        },
+        "runs": runs,
+    }
+    lines = [
+        f"Subset comparison: first {len(labels)} training images, {args.epochs} epoch(s), batch {args.batch_size}, "
+        f"{args.threads} threads, one process; test accuracy on all {len(test_labels)} test images. "
+        f"Load average before/after: {load_before[0]:.1f} / {os.getloadavg()[0]:.1f} (shared machine).",
+        "",
+        "| recipe | test accuracy | test loss | training (s) |",
+        "|---|---|---|---|",
+    ]
     for r in runs:
-        lines.append(f"| {r['recipe']['name']} | {100 * r['test_accuracy']:.2f}% | {r['test_loss']:.4f} | "
-                     f"{r['train_seconds']:.0f} |")
+        lines.append(
+            f"| {r['recipe']['name']} | {100 * r['test_accuracy']:.2f}% | {r['test_loss']:.4f} | "
+            f"{r['train_seconds']:.0f} |"
+        )
     write_results(args.out, "recipe", result, lines)
 
 

@@ -62,9 +62,16 @@ dist.destroy_process_group()
 def measure(opened: bool, lead: float) -> float:
     """Seconds from the later rank being ready to the group formed on both ranks."""
     env = {**os.environ, "PYTHONPATH": REPO}
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), "1" if opened else "0"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-             for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, str(rank), "1" if opened else "0"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in (0, 1)
+    ]
     try:
         port = [int(p.stdout.readline()) for p in procs][0]  # both have imported torch by now
         start = time.time() + 0.3
@@ -91,12 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     for repeat in range(args.repeats):
         for lead in LEADS:
             modes = list(MODES.items())
-            for name, opened in (modes if repeat % 2 == 0 else modes[::-1]):
+            for name, opened in modes if repeat % 2 == 0 else modes[::-1]:
                 wait = measure(opened, lead)
                 runs.append({"mode": name, "lead_s": lead, "repeat": repeat, "wait_s": wait})
                 print(f"[{repeat + 1}/{args.repeats}] rank 1 {lead:.3f} s early, {name}: {wait:.3f} s", flush=True)
-    medians = {name: {str(lead): statistics.median(r["wait_s"] for r in runs if r["mode"] == name and r["lead_s"] == lead)
-                      for lead in LEADS} for name in MODES}
+    medians = {
+        name: {
+            str(lead): statistics.median(r["wait_s"] for r in runs if r["mode"] == name and r["lead_s"] == lead)
+            for lead in LEADS
+        }
+        for name in MODES
+    }
     lines = [
         "# Forming the process group with a rank ready early",
         "",
@@ -112,8 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for lead in LEADS:
         lines.append(f"| {lead:.3f} s | " + " | ".join(f"{medians[name][str(lead)]:.3f}" for name in MODES) + " |")
-    write_results(args.results_dir, "rendezvous", {"created": time.time(), "load_average_before": load_before,
-                                                    "runs": runs, "median_wait_s": medians}, lines)
+    write_results(
+        args.results_dir,
+        "rendezvous",
+        {"created": time.time(), "load_average_before": load_before, "runs": runs, "median_wait_s": medians},
+        lines,
+    )
     return 0
 
 

@@ -99,21 +99,33 @@ def run_job(framework: str, target: str, checkpoint: bool, reports: int, work_s:
     import ray
 
     sys.path.insert(0, REPO)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": REPO + os.pathsep + os.path.join(REPO, "bench")}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": REPO + os.pathsep + os.path.join(REPO, "bench")}},
+    )
     out_dir = tempfile.mkdtemp(prefix="bench_report_")
     storage_root = tempfile.mkdtemp(prefix="bench_report_runs_")
     name = f"{framework}-{target}-{int(checkpoint)}-{os.getpid()}"
-    config = {"framework": framework, "checkpoint": checkpoint, "reports": reports, "work_s": work_s,
-              "out_dir": out_dir}
+    config = {
+        "framework": framework,
+        "checkpoint": checkpoint,
+        "reports": reports,
+        "work_s": work_s,
+        "out_dir": out_dir,
+    }
     if framework == "trainlib":
         import trainlib
         from trainlib.torch import TorchTrainer
 
         storage_path = storage_root if target == "local" else f"s3://{BUCKET}/runs"
-        trainer = TorchTrainer(train_func, train_loop_config=config,
-                               scaling_config=trainlib.ScalingConfig(num_workers=2),
-                               run_config=trainlib.RunConfig(name=name, storage_path=storage_path, verbose=False))
+        trainer = TorchTrainer(
+            train_func,
+            train_loop_config=config,
+            scaling_config=trainlib.ScalingConfig(num_workers=2),
+            run_config=trainlib.RunConfig(name=name, storage_path=storage_path, verbose=False),
+        )
     else:
         import ray.train
         from ray.train.torch import TorchTrainer as RayTorchTrainer
@@ -123,12 +135,22 @@ def run_job(framework: str, target: str, checkpoint: bool, reports: int, work_s:
             import pyarrow.fs
 
             endpoint = os.environ["AWS_ENDPOINT_URL"].split("://", 1)[1]
-            kwargs = {"storage_path": f"{BUCKET}/runs", "storage_filesystem": pyarrow.fs.S3FileSystem(
-                access_key=os.environ["AWS_ACCESS_KEY_ID"], secret_key=os.environ["AWS_SECRET_ACCESS_KEY"],
-                endpoint_override=endpoint, scheme="http", region="us-east-1")}
-        trainer = RayTorchTrainer(train_func, train_loop_config=config,
-                                  scaling_config=ray.train.ScalingConfig(num_workers=2),
-                                  run_config=ray.train.RunConfig(name=name, **kwargs))
+            kwargs = {
+                "storage_path": f"{BUCKET}/runs",
+                "storage_filesystem": pyarrow.fs.S3FileSystem(
+                    access_key=os.environ["AWS_ACCESS_KEY_ID"],
+                    secret_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+                    endpoint_override=endpoint,
+                    scheme="http",
+                    region="us-east-1",
+                ),
+            }
+        trainer = RayTorchTrainer(
+            train_func,
+            train_loop_config=config,
+            scaling_config=ray.train.ScalingConfig(num_workers=2),
+            run_config=ray.train.RunConfig(name=name, **kwargs),
+        )
     started = time.perf_counter()
     trainer.fit()
     fit_s = time.perf_counter() - started
@@ -139,9 +161,15 @@ def run_job(framework: str, target: str, checkpoint: bool, reports: int, work_s:
     ray.shutdown()
     shutil.rmtree(out_dir, ignore_errors=True)
     shutil.rmtree(storage_root, ignore_errors=True)
-    return {"framework": framework, "target": target, "checkpoint": checkpoint, "fit_s": fit_s,
-            "loop_s": max(r["loop_s"] for r in ranks), "report_s": ranks[0]["report_s"],
-            "save_s": ranks[0]["save_s"]}
+    return {
+        "framework": framework,
+        "target": target,
+        "checkpoint": checkpoint,
+        "fit_s": fit_s,
+        "loop_s": max(r["loop_s"] for r in ranks),
+        "report_s": ranks[0]["report_s"],
+        "save_s": ranks[0]["save_s"],
+    }
 
 
 # -- the parent: variants, S3 server, tables ------------------------------------------------
@@ -176,8 +204,12 @@ def start_s3() -> tuple[Any, dict[str, str]]:
         port = s.getsockname()[1]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "bench-fake-key",
-           "AWS_SECRET_ACCESS_KEY": "bench-fake-secret", "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "bench-fake-key",
+        "AWS_SECRET_ACCESS_KEY": "bench-fake-secret",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     os.environ.update(env)
     import s3fs
 
@@ -188,6 +220,7 @@ def start_s3() -> tuple[Any, dict[str, str]]:
 def ray_train_available() -> bool:
     try:
         import ray.train.torch  # noqa: F401
+
         return True
     except ImportError:
         return False
@@ -217,19 +250,30 @@ def main() -> None:
     runs = []
     variants = [(f, t, c) for f in frameworks for t in args.targets.split(",") for c in (False, True)]
     for repeat in range(args.repeats):
-        for framework, target, checkpoint in variants[repeat % len(variants):] + variants[:repeat % len(variants)]:
-            cmd = [sys.executable, __file__, "--job", f"{framework},{target},{int(checkpoint)}",
-                   "--reports", str(args.reports), "--work-s", str(args.work_s)]
+        for framework, target, checkpoint in variants[repeat % len(variants) :] + variants[: repeat % len(variants)]:
+            cmd = [
+                sys.executable,
+                __file__,
+                "--job",
+                f"{framework},{target},{int(checkpoint)}",
+                "--reports",
+                str(args.reports),
+                "--work-s",
+                str(args.work_s),
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=900)
             line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
                 print(proc.stdout[-3000:], proc.stderr[-3000:])
                 raise SystemExit(f"job {framework}/{target}/{checkpoint} failed (exit {proc.returncode})")
-            run = json.loads(line[len("RESULT "):])
+            run = json.loads(line[len("RESULT ") :])
             run["repeat"] = repeat
             runs.append(run)
-            print(f"{framework:9s} {target:5s} ckpt={int(checkpoint)} fit {run['fit_s']:.2f}s loop "
-                  f"{run['loop_s']:.2f}s report median {statistics.median(run['report_s']):.3f}s", flush=True)
+            print(
+                f"{framework:9s} {target:5s} ckpt={int(checkpoint)} fit {run['fit_s']:.2f}s loop "
+                f"{run['loop_s']:.2f}s report median {statistics.median(run['report_s']):.3f}s",
+                flush=True,
+            )
     server.stop()
 
     summary = []
@@ -239,20 +283,29 @@ def main() -> None:
             without = [r for r in runs if (r["framework"], r["target"], r["checkpoint"]) == (framework, target, False)]
             med = lambda rs, key: statistics.median(r[key] for r in rs)  # noqa: E731
             reports_with = [x for r in with_c for x in r["report_s"]]
-            summary.append({
-                "framework": framework, "target": target,
-                "report_s_median": statistics.median(reports_with), "report_s_max": max(reports_with),
-                "save_s_median": statistics.median(x for r in with_c for x in r["save_s"]),
-                "loop_lost_per_report_s": (med(with_c, "loop_s") - med(without, "loop_s")) / args.reports,
-                "fit_lost_per_report_s": (med(with_c, "fit_s") - med(without, "fit_s")) / args.reports,
-                "fit_s_with": med(with_c, "fit_s"), "fit_s_without": med(without, "fit_s"),
-            })
+            summary.append(
+                {
+                    "framework": framework,
+                    "target": target,
+                    "report_s_median": statistics.median(reports_with),
+                    "report_s_max": max(reports_with),
+                    "save_s_median": statistics.median(x for r in with_c for x in r["save_s"]),
+                    "loop_lost_per_report_s": (med(with_c, "loop_s") - med(without, "loop_s")) / args.reports,
+                    "fit_lost_per_report_s": (med(with_c, "fit_s") - med(without, "fit_s")) / args.reports,
+                    "fit_s_with": med(with_c, "fit_s"),
+                    "fit_s_without": med(without, "fit_s"),
+                }
+            )
     result = {
         "when": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
         "settings": {"reports": args.reports, "work_s": args.work_s, "repeats": args.repeats, "workers": 2},
-        "checkpoint_bytes": size, "local_copy_s": copy_s, "summary": summary, "runs": runs,
+        "checkpoint_bytes": size,
+        "local_copy_s": copy_s,
+        "summary": summary,
+        "runs": runs,
     }
     lines = [
         f"# Cost of report() with a ResNet18 checkpoint ({size / 1e6:.1f} MB)",
@@ -270,7 +323,8 @@ def main() -> None:
         lines.append(
             f"| {s['framework']} | {s['target']} | {s['report_s_median']:.3f} s / {s['report_s_max']:.3f} s "
             f"| {s['save_s_median']:.3f} s | {s['loop_lost_per_report_s']:.3f} s "
-            f"| {s['fit_lost_per_report_s']:.3f} s | {s['fit_s_with']:.1f} s / {s['fit_s_without']:.1f} s |")
+            f"| {s['fit_lost_per_report_s']:.3f} s | {s['fit_s_with']:.1f} s / {s['fit_s_without']:.1f} s |"
+        )
     write_results(args.results_dir, "report_cost", result, lines)
 
 

@@ -50,7 +50,6 @@ sys.path.insert(0, REPO)
 
 import trainlib  # noqa: E402
 
-
 # -- the job (runs in the Ray workers) ------------------------------------------------------
 
 
@@ -167,8 +166,9 @@ class PeakRss:
         self._thread.join()
 
 
-def run_one(world: int, steps: int, checkpoint: bool, cpu_per_worker: float, storage: str,
-            backend: str, step_s: float) -> dict[str, Any]:
+def run_one(
+    world: int, steps: int, checkpoint: bool, cpu_per_worker: float, storage: str, backend: str, step_s: float
+) -> dict[str, Any]:
     import psutil
 
     from trainlib._internal.execution.trainer import DataParallelTrainer
@@ -177,16 +177,22 @@ def run_one(world: int, steps: int, checkpoint: bool, cpu_per_worker: float, sto
     probe = DriverProbe()
     rss_before = psutil.Process().memory_info().rss
     marks_dir = tempfile.mkdtemp(prefix="marks", dir=storage)
-    trainer_cls, train_func = ((TorchTrainer, torch_train_func) if backend == "torch"
-                               else (DataParallelTrainer, plain_train_func))
+    trainer_cls, train_func = (
+        (TorchTrainer, torch_train_func) if backend == "torch" else (DataParallelTrainer, plain_train_func)
+    )
     trainer = trainer_cls(
-        train_func, train_loop_config={"steps": steps, "checkpoint": checkpoint,
-                                       "marks_dir": marks_dir, "step_s": step_s},
-        scaling_config=trainlib.ScalingConfig(num_workers=world, resources_per_worker={"CPU": cpu_per_worker},
-                                              placement_timeout_s=300),
-        run_config=trainlib.RunConfig(name=f"scaling-{world}-{'ckpt' if checkpoint else 'metrics'}",
-                                      storage_path=storage, callbacks=[probe], if_exists="overwrite",
-                                      checkpoint_config=trainlib.CheckpointConfig(num_to_keep=2)),
+        train_func,
+        train_loop_config={"steps": steps, "checkpoint": checkpoint, "marks_dir": marks_dir, "step_s": step_s},
+        scaling_config=trainlib.ScalingConfig(
+            num_workers=world, resources_per_worker={"CPU": cpu_per_worker}, placement_timeout_s=300
+        ),
+        run_config=trainlib.RunConfig(
+            name=f"scaling-{world}-{'ckpt' if checkpoint else 'metrics'}",
+            storage_path=storage,
+            callbacks=[probe],
+            if_exists="overwrite",
+            checkpoint_config=trainlib.CheckpointConfig(num_to_keep=2),
+        ),
     )
     with PeakRss() as rss:
         fit_at = time.time()
@@ -204,13 +210,19 @@ def run_one(world: int, steps: int, checkpoint: bool, cpu_per_worker: float, sto
     lags = [1000 * (wall - max(_marks(marks_dir, f"report_{step}"))) for step, wall, _, _ in commits]
     wall_per_step_ms = 1000 * (commits[-1][1] - commits[0][1]) / (len(commits) - 1)
     return {
-        "world_size": world, "backend": backend, "checkpoint": checkpoint, "steps": steps, "fit_s": round(fit_s, 2),
+        "world_size": world,
+        "backend": backend,
+        "checkpoint": checkpoint,
+        "steps": steps,
+        "fit_s": round(fit_s, 2),
         "first_step_s": round(first_step_s, 2),
-        "driver_rss_mb": round(rss.peak / 2**20, 1), "driver_rss_growth_mb": round((rss.peak - rss_before) / 2**20, 1),
+        "driver_rss_mb": round(rss.peak / 2**20, 1),
+        "driver_rss_growth_mb": round((rss.peak - rss_before) / 2**20, 1),
         "driver_cpu_ms_per_step": round(per_step_ms, 2),
         "driver_cpu_ms_per_step_per_worker": round(per_step_ms / world, 3),
         "wall_ms_per_step": round(wall_per_step_ms, 1),
-        "commit_lag_ms_median": round(statistics.median(lags), 1), "commit_lag_ms_max": round(max(lags), 1),
+        "commit_lag_ms_median": round(statistics.median(lags), 1),
+        "commit_lag_ms_max": round(max(lags), 1),
     }
 
 
@@ -224,8 +236,11 @@ def slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
 def machine_load() -> dict[str, Any]:
     import psutil
 
-    return {"loadavg_1_5_15": [round(v, 2) for v in os.getloadavg()], "cpus": os.cpu_count(),
-            "memory_available_gb": round(psutil.virtual_memory().available / 2**30, 1)}
+    return {
+        "loadavg_1_5_15": [round(v, 2) for v in os.getloadavg()],
+        "cpus": os.cpu_count(),
+        "memory_available_gb": round(psutil.virtual_memory().available / 2**30, 1),
+    }
 
 
 def write_results(rows: list[dict], args: argparse.Namespace, load: dict[str, list]) -> None:
@@ -240,31 +255,46 @@ def write_results(rows: list[dict], args: argparse.Namespace, load: dict[str, li
         for key in ("first_step_s", "driver_rss_mb", "driver_cpu_ms_per_step", "commit_lag_ms_median"):
             a, b = slope(xs, [r[key] for r in sel])
             growth[mode][key] = {"intercept": round(a, 3), "per_worker": round(b, 4), "at_512": round(a + b * 512, 1)}
-    out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "host": platform.node(), "python": platform.python_version(), "args": vars(args),
-           "load_before_after": load, "rows": rows, "growth": growth}
+    out = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "args": vars(args),
+        "load_before_after": load,
+        "rows": rows,
+        "growth": growth,
+    }
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, f"{args.tag}.json"), "w") as f:
         json.dump(out, f, indent=2)
     lines = [
-        "# Driver cost as the world grows (bench/bench_scaling.py)", "",
+        "# Driver cost as the world grows (bench/bench_scaling.py)",
+        "",
         f"{out['date']}, backend {args.backend}, {args.cpus} logical CPUs for Ray on a {os.cpu_count()}-core machine, "
         f"{args.cpu_per_worker} CPU per worker, {args.steps} steps of {args.step_s * 1000:.0f} ms, report() every step, "
         f"Ray starting at most {args.startup_concurrency or 'its default (one per logical CPU)'} worker processes at "
         "once. Machine load "
         f"(1/5/15-min load average) before: {load['before']}, after: {load['after']}: the machine is shared, "
-        "so these are upper bounds.", "",
+        "so these are upper bounds.",
+        "",
         "| workers | mode | fit() to first step (s) | driver peak RSS (MB) | driver CPU per step (ms) "
         "| per worker (ms) | last report to commit, median / max (ms) | wall per step (ms) |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['world_size']} | {'checkpoint' if r['checkpoint'] else 'metrics'} | {r['first_step_s']} "
-                     f"| {r['driver_rss_mb']} | {r['driver_cpu_ms_per_step']} "
-                     f"| {r['driver_cpu_ms_per_step_per_worker']} | {r['commit_lag_ms_median']} / "
-                     f"{r['commit_lag_ms_max']} | {r['wall_ms_per_step']} |")
-    lines += ["", "Growth per added worker (least-squares slope over the world sizes) and linear extrapolation "
-              "to 512 workers:", "", "| mode | quantity | per worker | at 512 workers |", "|---|---|---:|---:|"]
+        lines.append(
+            f"| {r['world_size']} | {'checkpoint' if r['checkpoint'] else 'metrics'} | {r['first_step_s']} "
+            f"| {r['driver_rss_mb']} | {r['driver_cpu_ms_per_step']} "
+            f"| {r['driver_cpu_ms_per_step_per_worker']} | {r['commit_lag_ms_median']} / "
+            f"{r['commit_lag_ms_max']} | {r['wall_ms_per_step']} |"
+        )
+    lines += [
+        "",
+        "Growth per added worker (least-squares slope over the world sizes) and linear extrapolation to 512 workers:",
+        "",
+        "| mode | quantity | per worker | at 512 workers |",
+        "|---|---|---:|---:|",
+    ]
     for mode, quantities in growth.items():
         for key, g in quantities.items():
             lines.append(f"| {mode} | {key} | {g['per_worker']} | {g['at_512']} |")
@@ -278,30 +308,41 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--step-s", type=float, default=0.02, help="sleep per step in each worker (its compute)")
     parser.add_argument("--cpus", type=float, default=2)
-    parser.add_argument("--startup-concurrency", type=int, default=None,
-                        help="worker processes Ray may start at once (worker_maximum_startup_concurrency; Ray's "
-                             "default is one per logical CPU, so 32 workers on 2 CPUs start two at a time)")
+    parser.add_argument(
+        "--startup-concurrency",
+        type=int,
+        default=None,
+        help="worker processes Ray may start at once (worker_maximum_startup_concurrency; Ray's "
+        "default is one per logical CPU, so 32 workers on 2 CPUs start two at a time)",
+    )
     parser.add_argument("--tag", default="scaling", help="results file name in bench/results (default: %(default)s)")
     parser.add_argument("--cpu-per-worker", type=float, default=0.05)
     parser.add_argument("--modes", nargs="+", default=["metrics", "checkpoint"], choices=["metrics", "checkpoint"])
-    parser.add_argument("--backend", default="plain", choices=["plain", "torch"],
-                        help="plain: NumPy workers without torch (~1/5 of the memory; the driver's work is the "
-                             "same); torch: TorchTrainer with DDP")
+    parser.add_argument(
+        "--backend",
+        default="plain",
+        choices=["plain", "torch"],
+        help="plain: NumPy workers without torch (~1/5 of the memory; the driver's work is the "
+        "same); torch: TorchTrainer with DDP",
+    )
     args = parser.parse_args()
 
     import ray
 
     load = {"before": machine_load()["loadavg_1_5_15"]}
-    system_config = ({"worker_maximum_startup_concurrency": args.startup_concurrency}
-                     if args.startup_concurrency else None)
-    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False,
-             _system_config=system_config)
+    system_config = (
+        {"worker_maximum_startup_concurrency": args.startup_concurrency} if args.startup_concurrency else None
+    )
+    ray.init(
+        address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, _system_config=system_config
+    )
     rows = []
     with tempfile.TemporaryDirectory() as storage:
         for world in args.sizes:
             for mode in args.modes:
-                row = run_one(world, args.steps, mode == "checkpoint", args.cpu_per_worker, storage, args.backend,
-                              args.step_s)
+                row = run_one(
+                    world, args.steps, mode == "checkpoint", args.cpu_per_worker, storage, args.backend, args.step_s
+                )
                 row["load"] = machine_load()
                 rows.append(row)
                 print(json.dumps(row), flush=True)

@@ -7,10 +7,16 @@ dashboard head and the autoscaler monitor and registers trainlib's exit hook; "o
 ray.init as trainlib did before), reports the RSS of Ray's processes, and ends. Measured: the
 RSS, and the time from the script's end to the process's exit. The load average is recorded.
 """
-import subprocess, sys, time, os, statistics, json
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHILD = r'''
+CHILD = r"""
 import sys, time, os
 import torch
 mode = sys.argv[1]
@@ -22,21 +28,31 @@ else:
 import ray, psutil
 rss = sum(p.memory_info().rss for p in psutil.Process().children(recursive=True))
 print(f"END {time.time()} {rss}", flush=True)
-'''
+"""
 res = {"old": [], "new": []}
 for i in range(int(sys.argv[1])):
-    for mode in (("old", "new") if i % 2 == 0 else ("new", "old")):
+    for mode in ("old", "new") if i % 2 == 0 else ("new", "old"):
         load = os.getloadavg()[0]
-        p = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO})
+        p = subprocess.run(
+            [sys.executable, "-c", CHILD, mode], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO}
+        )
         t_exit = time.time()
-        ends = [l for l in p.stdout.splitlines() if l.startswith("END")]
+        ends = [line for line in p.stdout.splitlines() if line.startswith("END")]
         if not ends:
             print(mode, "FAILED", p.stderr[-300:], flush=True)
             continue
         line = ends[0].split()
-        res[mode].append({"end_to_exit_s": t_exit - float(line[1]), "daemons_rss_mb": int(line[2]) / 2**20, "load": load})
+        res[mode].append(
+            {"end_to_exit_s": t_exit - float(line[1]), "daemons_rss_mb": int(line[2]) / 2**20, "load": load}
+        )
         print(mode, res[mode][-1], flush=True)
-out = {m: {"median_end_to_exit_s": statistics.median(r["end_to_exit_s"] for r in v),
-           "median_ray_processes_rss_mb": statistics.median(r["daemons_rss_mb"] for r in v), "runs": v} for m, v in res.items()}
+out = {
+    m: {
+        "median_end_to_exit_s": statistics.median(r["end_to_exit_s"] for r in v),
+        "median_ray_processes_rss_mb": statistics.median(r["daemons_rss_mb"] for r in v),
+        "runs": v,
+    }
+    for m, v in res.items()
+}
 json.dump(out, open(sys.argv[2], "w"), indent=1)
 print(json.dumps({m: {k: v for k, v in o.items() if k != "runs"} for m, o in out.items()}))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def write_results(folder: str, name: str, payload: Any, lines: Sequence[str]) -> None:

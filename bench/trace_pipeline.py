@@ -28,7 +28,8 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from bench_overhead import DATA, RESULTS
 from bench_pipeline import start_fresh_home
@@ -51,7 +52,7 @@ class ProcessSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> "ProcessSampler":
+    def __enter__(self) -> ProcessSampler:
         self._thread.start()
         return self
 
@@ -97,8 +98,15 @@ class FlowClock:
     marks: dict[str, float] = dataclasses.field(default_factory=dict)
     ray_session: str = ""
 
-    def wrap(self, owner: Any, name: str, began: str, ended: str | None = None,
-             then: Callable[[], None] | None = None, last: bool = False) -> None:
+    def wrap(
+        self,
+        owner: Any,
+        name: str,
+        began: str,
+        ended: str | None = None,
+        then: Callable[[], None] | None = None,
+        last: bool = False,
+    ) -> None:
         """Replace ``owner.name`` by a function that records when it is called (``began``) and returns (``ended``),
         then calls ``then``. Of several calls, the first is recorded, or the last with ``last``."""
         original: Callable[..., Any] = getattr(owner, name)
@@ -141,8 +149,11 @@ def ray_workers(session_dir: str) -> list[dict[str, Any]]:
                 if not stamp:
                     continue
                 when = datetime.datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                for key, text in (("created", "Constructing CoreWorkerProcess"), ("actor_began", "Creating actor"),
-                                  ("actor_ended", "Actor creation task finished")):
+                for key, text in (
+                    ("created", "Constructing CoreWorkerProcess"),
+                    ("actor_began", "Creating actor"),
+                    ("actor_ended", "Actor creation task finished"),
+                ):
                     if text in line:
                         events.setdefault(key, when)
         workers.append({"pid": int(match.group(1)), **events})
@@ -160,30 +171,45 @@ def trace_run(training_pipeline: Any, params: Any, clock: FlowClock, sampler: Pr
     def since(wall: float) -> float:
         return round(wall - called, 2)
 
-    stages = {name: (since(s.started_at), since(s.ended_at)) for name, s in
-              ((f.name, getattr(summary.stage_times, f.name)) for f in dataclasses.fields(summary.stage_times))}
+    stages = {
+        name: (since(s.started_at), since(s.ended_at))
+        for name, s in ((f.name, getattr(summary.stage_times, f.name)) for f in dataclasses.fields(summary.stage_times))
+    }
     train_began = summary.stage_times.train.started_at
-    workers = [{**w, "titles": sampler.title(w["pid"]),
-                "started_on_demand": w.get("created", 0.0) > train_began,
-                **{k: since(w[k]) for k in ("created", "actor_began", "actor_ended") if k in w}}
-               for w in ray_workers(clock.ray_session)]
+    workers = [
+        {
+            **w,
+            "titles": sampler.title(w["pid"]),
+            "started_on_demand": w.get("created", 0.0) > train_began,
+            **{k: since(w[k]) for k in ("created", "actor_began", "actor_ended") if k in w},
+        }
+        for w in ray_workers(clock.ray_session)
+    ]
     return {
-        "wall_s": round(returned - called, 2), "fit_s": round(summary.fit_seconds, 2),
+        "wall_s": round(returned - called, 2),
+        "fit_s": round(summary.fit_seconds, 2),
         "overhead_beyond_fit_s": round(returned - called - summary.fit_seconds, 2),
         "flow": {mark: since(t) for mark, t in sorted(clock.marks.items(), key=lambda kv: kv[1])},
-        "stages": stages, "workers": workers,
-        "cpu_download": sampler.cpu_between(summary.stage_times.download.started_at,
-                                            summary.stage_times.download.ended_at),
-        "cpu_evaluate": sampler.cpu_between(summary.stage_times.evaluate.started_at,
-                                            summary.stage_times.evaluate.ended_at),
+        "stages": stages,
+        "workers": workers,
+        "cpu_download": sampler.cpu_between(
+            summary.stage_times.download.started_at, summary.stage_times.download.ended_at
+        ),
+        "cpu_evaluate": sampler.cpu_between(
+            summary.stage_times.evaluate.started_at, summary.stage_times.evaluate.ended_at
+        ),
     }
 
 
 def table(run: dict[str, Any], index: int) -> list[str]:
     """The markdown lines of one traced run."""
-    lines = [f"### Run {index + 1}{' (a retrain: the home has a champion)' if index else ''}: wall {run['wall_s']} s, "
-             f"fit() {run['fit_s']} s, overhead beyond fit() {run['overhead_beyond_fit_s']} s", "",
-             "| seconds from the flow's call | what |", "|---|---|"]
+    lines = [
+        f"### Run {index + 1}{' (a retrain: the home has a champion)' if index else ''}: wall {run['wall_s']} s, "
+        f"fit() {run['fit_s']} s, overhead beyond fit() {run['overhead_beyond_fit_s']} s",
+        "",
+        "| seconds from the flow's call | what |",
+        "|---|---|",
+    ]
     rows = [(t, f"flow process: {mark}") for mark, t in run["flow"].items()] + [(run["wall_s"], "the flow returned")]
     rows += [(begin, f"{name} step began ({end - begin:.2f} s)") for name, (begin, end) in run["stages"].items()]
     for w in run["workers"]:
@@ -217,11 +243,17 @@ def main() -> None:
     clock.wrap(pipeline, "resolve_run", "the flow's body began")
     # The flow enters its task runner (Ray starts), then Prefect enters the steps' subflow's duplicate of it (Ray
     # joined); they exit the other way round: the first entry and the last exit are Ray's start and stop.
-    clock.wrap(task_runner.LocalRayTaskRunner, "__enter__", "the task runner starts Ray", "Ray started",
-               then=clock.note_ray_session)
+    clock.wrap(
+        task_runner.LocalRayTaskRunner,
+        "__enter__",
+        "the task runner starts Ray",
+        "Ray started",
+        then=clock.note_ray_session,
+    )
     clock.wrap(task_runner.LocalRayTaskRunner, "__exit__", "the task runner stops Ray", "Ray stopped", last=True)
-    params = PipelineParams(mirrors=[os.path.abspath(args.mirror)], epochs=1, limit=args.limit,
-                            experiment_name="trace", model_name="trace")
+    params = PipelineParams(
+        mirrors=[os.path.abspath(args.mirror)], epochs=1, limit=args.limit, experiment_name="trace", model_name="trace"
+    )
     runs = []
     try:
         with ProcessSampler() as sampler:
@@ -231,9 +263,13 @@ def main() -> None:
         if server.pid:
             os.kill(server.pid, 15)
     machine = {"cores": os.cpu_count(), "python": platform.python_version(), "load_avg_after": os.getloadavg()}
-    lines = [f"# Pipeline trace: {args.limit} training images, 1 epoch, {args.runs} run(s) in one home", "",
-             f"Reproduce: `python bench/trace_pipeline.py --limit {args.limit} --runs {args.runs}`. "
-             f"{machine['cores']} cores; load average after: {machine['load_avg_after']}.", ""]
+    lines = [
+        f"# Pipeline trace: {args.limit} training images, 1 epoch, {args.runs} run(s) in one home",
+        "",
+        f"Reproduce: `python bench/trace_pipeline.py --limit {args.limit} --runs {args.runs}`. "
+        f"{machine['cores']} cores; load average after: {machine['load_avg_after']}.",
+        "",
+    ]
     for index, run in enumerate(runs):
         lines += table(run, index)
     write_results(args.out, args.tag, {"machine": machine, "limit": args.limit, "runs": runs}, lines)

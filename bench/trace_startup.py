@@ -59,7 +59,9 @@ def phases_of_run(variant: str, trace_dir: str, out: str) -> dict[str, float]:
     # The main process is the first to start; the workers are those that imported the job's module.
     main_pid = min(events, key=lambda pid: events[pid][0][0])
     t0 = events[main_pid][0][0]
-    workers = [pid for pid, rows in events.items() if pid != main_pid and any(e == "imported torchvision" for _, e in rows)]
+    workers = [
+        pid for pid, rows in events.items() if pid != main_pid and any(e == "imported torchvision" for _, e in rows)
+    ]
     with open(os.path.join(out, "rank0.json")) as f:
         rank0 = json.load(f)
 
@@ -97,7 +99,7 @@ def main() -> None:
         data_root = os.path.join(workdir, "data")
         torchvision_layout(args.data, data_root)
         for index in range(args.repeats):
-            for variant in (("trainlib", "torchrun") if index % 2 == 0 else ("torchrun", "trainlib")):
+            for variant in ("trainlib", "torchrun") if index % 2 == 0 else ("torchrun", "trainlib"):
                 run_dir = os.path.join(workdir, f"{index}_{variant}")
                 trace_dir, out, storage = (os.path.join(run_dir, name) for name in ("trace", "out", "storage"))
                 for folder in (trace_dir, out, storage):
@@ -106,11 +108,21 @@ def main() -> None:
                 env["PYTHONPATH"] = os.pathsep.join([TRACER, env["PYTHONPATH"]])
                 env["TRAINLIB_TRACE_DIR"] = trace_dir
                 with open(os.path.join(run_dir, "log.txt"), "wb") as log:
-                    subprocess.run(command(variant, 3, data_root, storage, out), cwd=REPO, env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, check=True, timeout=600)
+                    subprocess.run(
+                        command(variant, 3, data_root, storage, out),
+                        cwd=REPO,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        check=True,
+                        timeout=600,
+                    )
                 runs[variant].append(phases_of_run(variant, trace_dir, out))
-                print(f"[{index + 1}/{args.repeats}] {variant}: first step at "
-                      f"{runs[variant][-1].get('first step started (rank 0)', float('nan')):.2f} s", flush=True)
+                print(
+                    f"[{index + 1}/{args.repeats}] {variant}: first step at "
+                    f"{runs[variant][-1].get('first step started (rank 0)', float('nan')):.2f} s",
+                    flush=True,
+                )
                 time.sleep(1)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -119,16 +131,25 @@ def main() -> None:
         values = [run[label] for run in runs[variant] if label in run]
         return f"{statistics.median(values):.2f}" if values else ""
 
-    lines = [f"# Start-up, phase by phase ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
-             f"Reproduce: `python bench/trace_startup.py --repeats {args.repeats}`. The tutorial job, 3 steps, "
-             f"2 workers, {args.repeats} alternated fresh-process runs per variant; median second, from the "
-             "driver's (trainlib) or the launcher's (torchrun) first line of Python, at which each phase ended; "
-             "worker phases are the slower rank's. The tracer adds its own small cost to every import.", "",
-             "| phase ended | trainlib | torchrun |", "|---|---|---|"]
+    lines = [
+        f"# Start-up, phase by phase ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "",
+        f"Reproduce: `python bench/trace_startup.py --repeats {args.repeats}`. The tutorial job, 3 steps, "
+        f"2 workers, {args.repeats} alternated fresh-process runs per variant; median second, from the "
+        "driver's (trainlib) or the launcher's (torchrun) first line of Python, at which each phase ended; "
+        "worker phases are the slower rank's. The tracer adds its own small cost to every import.",
+        "",
+        "| phase ended | trainlib | torchrun |",
+        "|---|---|---|",
+    ]
     lines += [f"| {label} | {median('trainlib', label)} | {median('torchrun', label)} |" for label, _, _ in PHASES]
     lines += ["", f"{os.cpu_count()} cores; load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}."]
-    write_results(args.results_dir, "startup_trace", {"runs": runs, "load_before": load_before,
-                                                      "load_after": os.getloadavg()}, lines)
+    write_results(
+        args.results_dir,
+        "startup_trace",
+        {"runs": runs, "load_before": load_before, "load_after": os.getloadavg()},
+        lines,
+    )
 
 
 if __name__ == "__main__":

@@ -28,10 +28,12 @@ BLOCK_NAME = "trainlib-pipeline-alerts"
 AUTOMATION_NAME = "trainlib: pipeline run failed"
 ALERT_STATES = ("Failed", "Crashed", "TimedOut")
 SUBJECT = "trainlib pipeline: flow run {{ flow_run.name }} {{ flow_run.state.name }}"
-BODY = ("Flow run {{ flow_run.name }} of flow {{ flow.name }} entered state {{ flow_run.state.name }}.\n"
-        "Message: {{ flow_run.state.message }}\n"
-        "Flow run id: {{ flow_run.id }}\n"
-        "{{ flow_run|ui_url }}")
+BODY = (
+    "Flow run {{ flow_run.name }} of flow {{ flow.name }} entered state {{ flow_run.state.name }}.\n"
+    "Message: {{ flow_run.state.message }}\n"
+    "Flow run id: {{ flow_run.id }}\n"
+    "{{ flow_run|ui_url }}"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,9 +52,13 @@ def save_webhook_block(url: str, allow_private_urls: bool = False, name: str = B
     """
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
-    block = CustomWebhookNotificationBlock(name="trainlib alerts", url=url, method="POST",
-                                           json_data={"subject": "{{subject}}", "body": "{{body}}"},
-                                           allow_private_urls=allow_private_urls)
+    block = CustomWebhookNotificationBlock(
+        name="trainlib alerts",
+        url=url,
+        method="POST",
+        json_data={"subject": "{{subject}}", "body": "{{body}}"},
+        allow_private_urls=allow_private_urls,
+    )
     return block.save(name, overwrite=True)
 
 
@@ -67,8 +73,10 @@ def block_document_id(slug: str) -> uuid.UUID:
     try:
         return Block.load(slug)._block_document_id
     except ValueError as exc:
-        raise ValueError(f"No notification block {slug!r} on this Prefect server ({exc}). Create one in the UI "
-                         "(Blocks -> +, e.g. 'Slack Webhook') or with Python, then pass its '<type>/<name>'.") from None
+        raise ValueError(
+            f"No notification block {slug!r} on this Prefect server ({exc}). Create one in the UI "
+            "(Blocks -> +, e.g. 'Slack Webhook') or with Python, then pass its '<type>/<name>'."
+        ) from None
 
 
 def configure_alerts(block_id: uuid.UUID, flow_name: str = FLOW_NAME) -> AlertSetup:
@@ -88,7 +96,9 @@ def configure_alerts(block_id: uuid.UUID, flow_name: str = FLOW_NAME) -> AlertSe
             expect={f"prefect.flow-run.{state}" for state in ALERT_STATES},
             match={"prefect.resource.id": "prefect.flow-run.*"},
             match_related={"prefect.resource.role": "flow", "prefect.resource.name": flow_name},
-            posture=Posture.Reactive, threshold=1),
+            posture=Posture.Reactive,
+            threshold=1,
+        ),
         actions=[SendNotification(block_document_id=block_id, subject=SUBJECT, body=BODY)],
     ).create()
     return AlertSetup(block_document_id=block_id, automation_id=automation.id)
@@ -97,11 +107,15 @@ def configure_alerts(block_id: uuid.UUID, flow_name: str = FLOW_NAME) -> AlertSe
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deployments.alerts", description=__doc__.splitlines()[0])
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--webhook-url", default=None,
-                       help=f"a URL receiving JSON {{subject, body}} posts (default: ${WEBHOOK_ENV_VAR})")
+    where.add_argument(
+        "--webhook-url",
+        default=None,
+        help=f"a URL receiving JSON {{subject, body}} posts (default: ${WEBHOOK_ENV_VAR})",
+    )
     where.add_argument("--block", default=None, help="an existing notification block, '<type>/<name>'")
-    parser.add_argument("--allow-private-urls", action="store_true",
-                        help="let the server post to a private or loopback address")
+    parser.add_argument(
+        "--allow-private-urls", action="store_true", help="let the server post to a private or loopback address"
+    )
     args = parser.parse_args(argv)
     url = args.webhook_url or os.environ.get(WEBHOOK_ENV_VAR)
     if args.block:
@@ -111,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         parser.error(f"name where alerts go: --webhook-url URL, --block TYPE/NAME or ${WEBHOOK_ENV_VAR}")
     setup = configure_alerts(block_id)
-    print(f"Automation {AUTOMATION_NAME!r} ({setup.automation_id}) notifies through block {setup.block_document_id} "
-          f"when a {FLOW_NAME!r} run is {', '.join(ALERT_STATES)}.")
+    print(
+        f"Automation {AUTOMATION_NAME!r} ({setup.automation_id}) notifies through block {setup.block_document_id} "
+        f"when a {FLOW_NAME!r} run is {', '.join(ALERT_STATES)}."
+    )
     return 0
 
 

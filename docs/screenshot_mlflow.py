@@ -45,8 +45,13 @@ def train_func(config):
             optimizer.step()
         with torch.no_grad():
             logits = model(x)
-            trainlib.report({"loss": torch.nn.functional.cross_entropy(logits, y).item(),
-                             "accuracy": (logits.argmax(1) == y).float().mean().item(), "epoch": epoch})
+            trainlib.report(
+                {
+                    "loss": torch.nn.functional.cross_entropy(logits, y).item(),
+                    "accuracy": (logits.argmax(1) == y).float().mean().item(),
+                    "epoch": epoch,
+                }
+            )
 
 
 def _free_port() -> int:
@@ -61,9 +66,24 @@ def start_server(root: str) -> tuple[subprocess.Popen, str]:
     mlflow_bin = os.path.join(os.path.dirname(sys.executable), "mlflow")
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen(
-        [mlflow_bin, "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--artifacts-destination",
-         f"{root}/mlartifacts", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+        [
+            mlflow_bin,
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root}/mlflow.db",
+            "--artifacts-destination",
+            f"{root}/mlartifacts",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -95,14 +115,17 @@ def main() -> None:
     try:
         logger = MLflowLogger(tracking_uri=uri, experiment_name="synthetic-mlp-demo", log_checkpoints="uri")
         TorchTrainer(
-            train_func, train_loop_config={"lr": 0.05, "epochs": 25, "batch_size": 32},
+            train_func,
+            train_loop_config={"lr": 0.05, "epochs": 25, "batch_size": 32},
             scaling_config=trainlib.ScalingConfig(num_workers=2),
-            run_config=trainlib.RunConfig(name="mlp-demo", storage_path=os.path.join(root, "runs"),
-                                          callbacks=[logger]),
+            run_config=trainlib.RunConfig(name="mlp-demo", storage_path=os.path.join(root, "runs"), callbacks=[logger]),
         ).fit()
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=args.chromium, headless=True,
-                                        args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            browser = p.chromium.launch(
+                executable_path=args.chromium,
+                headless=True,
+                args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+            )
             page = browser.new_page(viewport={"width": 1400, "height": 860})
             run_page = f"{uri}/#/experiments/{logger.experiment_id}/runs/{logger.run_id}"
             page.goto(run_page)

@@ -15,7 +15,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 STOP_GRACE_S = 10.0
 API_CHECK_INTERVAL_S = 5.0
@@ -25,9 +26,15 @@ API_DEAD_AFTER_S = 30.0
 class Lifeline:
     """Use as ``with Lifeline(api_url): run the flow``; installs the handlers and the API watcher."""
 
-    def __init__(self, api_url: str | None, healthy: Callable[[str], bool] | None = None, *,
-                 grace_s: float = STOP_GRACE_S, check_interval_s: float = API_CHECK_INTERVAL_S,
-                 dead_after_s: float = API_DEAD_AFTER_S):
+    def __init__(
+        self,
+        api_url: str | None,
+        healthy: Callable[[str], bool] | None = None,
+        *,
+        grace_s: float = STOP_GRACE_S,
+        check_interval_s: float = API_CHECK_INTERVAL_S,
+        dead_after_s: float = API_DEAD_AFTER_S,
+    ):
         from flows.prefect_server import server_healthy
 
         self.api_url = api_url
@@ -39,7 +46,7 @@ class Lifeline:
         self._done = threading.Event()
         self._saved: dict[int, Any] = {}
 
-    def __enter__(self) -> "Lifeline":
+    def __enter__(self) -> Lifeline:
         for signum in (signal.SIGINT, signal.SIGTERM):
             self._saved[signum] = signal.signal(signum, self._on_signal)
         if self.api_url:
@@ -62,8 +69,12 @@ class Lifeline:
     def stop(self, why: str, status: int) -> None:
         """Start stopping: say why, and exit with ``status`` if the process is still here after the grace period."""
         self.stopping = why
-        print(f"\nStopping the pipeline ({why}); exiting within {self.grace_s:.0f} s (again to exit now). Committed "
-              "checkpoints are kept: rerun with the same --run-name to resume.", file=sys.stderr, flush=True)
+        print(
+            f"\nStopping the pipeline ({why}); exiting within {self.grace_s:.0f} s (again to exit now). Committed "
+            "checkpoints are kept: rerun with the same --run-name to resume.",
+            file=sys.stderr,
+            flush=True,
+        )
 
         def force_exit() -> None:
             if not self._done.wait(self.grace_s):
@@ -78,7 +89,10 @@ class Lifeline:
             if self.healthy(self.api_url):
                 last_ok = time.monotonic()
             elif time.monotonic() - last_ok > self.dead_after_s and not self.stopping:
-                print(f"\nThe Prefect API at {self.api_url} has not answered for {self.dead_after_s:.0f} s.",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"\nThe Prefect API at {self.api_url} has not answered for {self.dead_after_s:.0f} s.",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os.kill(os.getpid(), signal.SIGTERM)  # the main thread stops the flow as on Ctrl-C
                 return

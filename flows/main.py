@@ -28,8 +28,8 @@ from typing import Any
 
 from flows.lifeline import Lifeline
 from flows.params import PipelineParams, PipelineParamsError, option_name
-from flows.preflight import check_services
 from flows.prefect_server import DEFAULT_PREFECT_PORT, ensure_prefect
+from flows.preflight import check_services
 from tasks.domain.dataset_fetch import MIRRORS_ENV_VAR
 from tasks.domain.home import DEFAULT_HOME, HOME_ENV_VAR, PipelineHome
 from tasks.domain.urls import expand_path, mask_url
@@ -64,29 +64,45 @@ def _is_bool(annotation: Any) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one option per field of :class:`PipelineParams`, plus where the services live."""
     parser = _Parser(
-        prog=PROG, description="Download FashionMNIST, train ResNet18 with trainlib on Ray, evaluate, register "
-                               "in MLflow.",
+        prog=PROG,
+        description="Download FashionMNIST, train ResNet18 with trainlib on Ray, evaluate, register in MLflow.",
         epilog=f"FashionMNIST is downloaded from the internet unless --mirrors or {MIRRORS_ENV_VAR} names a mirror "
-               "(a folder holding the four .gz files, or an http(s)://, s3:// URL). Options of optional values "
-               "take 'none' to unset them.", allow_abbrev=False)
+        "(a folder holding the four .gz files, or an http(s)://, s3:// URL). Options of optional values "
+        "take 'none' to unset them.",
+        allow_abbrev=False,
+    )
     for name, field in PipelineParams.model_fields.items():
         default = field.default
         help_text = f"{field.description} (default: {default})" if default is not None else field.description
         if _is_bool(field.annotation):
-            parser.add_argument(option_name(name), dest=name, action=argparse.BooleanOptionalAction, default=None,
-                                help=help_text)
+            parser.add_argument(
+                option_name(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
         elif _is_list(field.annotation):
-            parser.add_argument(option_name(name), dest=name, action="append", default=None, metavar="VALUE",
-                                help=help_text + " Repeat for several.")
+            parser.add_argument(
+                option_name(name),
+                dest=name,
+                action="append",
+                default=None,
+                metavar="VALUE",
+                help=help_text + " Repeat for several.",
+            )
         else:
             # Strings go to pydantic as they are: one validator, one kind of message for every bad value.
             parser.add_argument(option_name(name), dest=name, default=None, metavar=name.upper(), help=help_text)
     services = parser.add_argument_group("where the embedded services keep their state")
-    services.add_argument("--home", default=None,
-                          help=f"the pipeline's home: run storage, data cache, MLflow store, Prefect server "
-                               f"(default: ${HOME_ENV_VAR}, else {DEFAULT_HOME})")
-    services.add_argument("--prefect-port", type=int, default=DEFAULT_PREFECT_PORT,
-                          help="port of the Prefect server to use or start on 127.0.0.1 (default: %(default)s)")
+    services.add_argument(
+        "--home",
+        default=None,
+        help=f"the pipeline's home: run storage, data cache, MLflow store, Prefect server "
+        f"(default: ${HOME_ENV_VAR}, else {DEFAULT_HOME})",
+    )
+    services.add_argument(
+        "--prefect-port",
+        type=int,
+        default=DEFAULT_PREFECT_PORT,
+        help="port of the Prefect server to use or start on 127.0.0.1 (default: %(default)s)",
+    )
     return parser
 
 
@@ -118,9 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     home = PipelineHome.resolve()
     os.makedirs(home.root, exist_ok=True)
     mirrors = params.mirrors or [m for m in os.environ.get(MIRRORS_ENV_VAR, "").split(",") if m.strip()]
-    print(f"Data: {params.dataset} from " + (", ".join(map(mask_url, mirrors)) if mirrors else
-                                              f"the official internet mirrors (offline? pass --mirrors FOLDER or "
-                                              f"set {MIRRORS_ENV_VAR})"), flush=True)
+    print(
+        f"Data: {params.dataset} from "
+        + (
+            ", ".join(map(mask_url, mirrors))
+            if mirrors
+            else f"the official internet mirrors (offline? pass --mirrors FOLDER or set {MIRRORS_ENV_VAR})"
+        ),
+        flush=True,
+    )
 
     # Unreachable services fail here, in seconds, before a server starts or data is fetched.
     try:
@@ -151,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nThe pipeline ended {state.name}: {state.message}", file=sys.stderr)
         return 1
     summary: PipelineSummary = state.result()
-    print(f"\nTest accuracy {summary.test_accuracy:.2%}; {summary.model_name} version {summary.model_version}: "
-          f"{summary.decision}")
+    print(
+        f"\nTest accuracy {summary.test_accuracy:.2%}; {summary.model_name} version {summary.model_version}: "
+        f"{summary.decision}"
+    )
     print("Seconds per stage: " + json.dumps({k: round(v, 1) for k, v in summary.stage_times.seconds().items()}))
     return 0
 

@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 import difflib
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -39,53 +39,73 @@ class PipelineParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dataset: DatasetName = Field("fashion-mnist", description="The data set to train on.")
-    mirrors: Optional[list[str]] = Field(
-        None, description="Base URLs or folders to fetch the data set from, tried in order (default: "
-                          "$TRAINLIB_DATA_MIRRORS, else the official internet mirrors).")
+    mirrors: list[str] | None = Field(
+        None,
+        description="Base URLs or folders to fetch the data set from, tried in order (default: "
+        "$TRAINLIB_DATA_MIRRORS, else the official internet mirrors).",
+    )
     epochs: int = Field(1, gt=0, le=1000, description="Training epochs.")
-    recipe: RecipeName = Field(DEFAULT_RECIPE, description="Training recipe: 'augmented' (SGD, one-cycle LR, weight "
-                                                           "decay, label smoothing, crops and flips; best at 10 "
-                                                           "epochs) or 'tutorial' (the Ray Train tutorial's Adam at "
-                                                           "1e-3; better in runs of a few hundred steps).")
-    lr: Optional[float] = Field(None, ge=0, le=10, description="(Peak) learning rate (default: the recipe's; 0 "
-                                                               "trains nothing: a baseline).")
+    recipe: RecipeName = Field(
+        DEFAULT_RECIPE,
+        description="Training recipe: 'augmented' (SGD, one-cycle LR, weight "
+        "decay, label smoothing, crops and flips; best at 10 "
+        "epochs) or 'tutorial' (the Ray Train tutorial's Adam at "
+        "1e-3; better in runs of a few hundred steps).",
+    )
+    lr: float | None = Field(
+        None, ge=0, le=10, description="(Peak) learning rate (default: the recipe's; 0 trains nothing: a baseline)."
+    )
     batch_size: int = Field(128, gt=0, le=65536, description="Batch size per worker.")
     num_workers: int = Field(2, ge=1, le=4096, description="DDP workers, one process each.")
     use_gpu: bool = Field(False, description="Train on one GPU per worker.")
-    limit: Optional[int] = Field(None, gt=0, description="Train on the first N training images only.")
-    test_limit: Optional[int] = Field(None, gt=0, description="Evaluate on the first N test images only.")
-    num_to_keep: Optional[int] = Field(2, gt=0, description="Checkpoints kept on disk (the best ones and the "
-                                                            "latest).")
-    checkpoint_score_attribute: Optional[str] = Field(
-        "val_accuracy", description="Metric that ranks checkpoints; the best one is evaluated.")
+    limit: int | None = Field(None, gt=0, description="Train on the first N training images only.")
+    test_limit: int | None = Field(None, gt=0, description="Evaluate on the first N test images only.")
+    num_to_keep: int | None = Field(2, gt=0, description="Checkpoints kept on disk (the best ones and the latest).")
+    checkpoint_score_attribute: str | None = Field(
+        "val_accuracy", description="Metric that ranks checkpoints; the best one is evaluated."
+    )
     max_failures: int = Field(0, ge=-1, description="Worker-group restarts allowed (-1: unlimited).")
     seed: int = Field(0, ge=0, description="Seed of the model's initial weights and the data split.")
-    storage_path: Optional[str] = Field(
-        None, description="trainlib run storage, a folder or s3:// URL (default: $TRAINLIB_STORAGE_PATH, "
-                          "else $TRAINLIB_HOME/runs).")
-    data_cache_dir: Optional[str] = Field(
-        None, description="Each node's data cache (default: $TRAINLIB_DATA_CACHE, else $TRAINLIB_HOME/datasets).")
-    mlflow_tracking_uri: Optional[str] = Field(
-        None, description="MLflow tracking server or store (default: $MLFLOW_TRACKING_URI, else "
-                          "sqlite:///$TRAINLIB_HOME/mlflow.db).")
-    experiment_name: str = Field("fashion-mnist", min_length=1, max_length=200,
-                                 description="MLflow experiment.")
-    min_margin: float = Field(DEFAULT_MIN_MARGIN, ge=0, lt=1,
-                              description="How much higher (absolute test accuracy, e.g. 0.005) the new version must "
-                                          "score than the champion on the same images to replace it.")
-    model_name: str = Field("fashion-mnist-resnet18", pattern=NAME_PATTERN, max_length=200,
-                            description="Registered model name in MLflow.")
-    run_name: Optional[str] = Field(
-        None, pattern=NAME_PATTERN, max_length=200,
+    storage_path: str | None = Field(
+        None,
+        description="trainlib run storage, a folder or s3:// URL (default: $TRAINLIB_STORAGE_PATH, "
+        "else $TRAINLIB_HOME/runs).",
+    )
+    data_cache_dir: str | None = Field(
+        None, description="Each node's data cache (default: $TRAINLIB_DATA_CACHE, else $TRAINLIB_HOME/datasets)."
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking server or store (default: $MLFLOW_TRACKING_URI, else "
+        "sqlite:///$TRAINLIB_HOME/mlflow.db).",
+    )
+    experiment_name: str = Field("fashion-mnist", min_length=1, max_length=200, description="MLflow experiment.")
+    min_margin: float = Field(
+        DEFAULT_MIN_MARGIN,
+        ge=0,
+        lt=1,
+        description="How much higher (absolute test accuracy, e.g. 0.005) the new version must "
+        "score than the champion on the same images to replace it.",
+    )
+    model_name: str = Field(
+        "fashion-mnist-resnet18", pattern=NAME_PATTERN, max_length=200, description="Registered model name in MLflow."
+    )
+    run_name: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        max_length=200,
         description="trainlib run name; a run of that name is continued (default: derived from the flow "
-                    "run, so a retry continues its own training).")
+        "run, so a retry continues its own training).",
+    )
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
-        "PACK", description="How the workers spread over the cluster's nodes (STRICT_SPREAD: one per node).")
-    ray_address: Optional[str] = Field(
-        None, description="A Ray cluster: its GCS address (head:6379) or ray://head:10001 (default: $RAY_ADDRESS, "
-                          "as set inside a Ray job, else a local Ray for this run).")
-    placement_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for the cluster to grant "
-                                                                "the workers.")
+        "PACK", description="How the workers spread over the cluster's nodes (STRICT_SPREAD: one per node)."
+    )
+    ray_address: str | None = Field(
+        None,
+        description="A Ray cluster: its GCS address (head:6379) or ray://head:10001 (default: $RAY_ADDRESS, "
+        "as set inside a Ray job, else a local Ray for this run).",
+    )
+    placement_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for the cluster to grant the workers.")
     train_timeout_s: float = Field(6 * 3600.0, gt=0, description="The train task's timeout in seconds.")
 
     @model_validator(mode="before")
@@ -99,7 +119,7 @@ class PipelineParams(BaseModel):
         return values
 
     @classmethod
-    def parse(cls, values: dict[str, Any], as_options: bool = False) -> "PipelineParams":
+    def parse(cls, values: dict[str, Any], as_options: bool = False) -> PipelineParams:
         """Validate ``values``; raise :class:`PipelineParamsError` with one readable line per bad parameter.
 
         ``as_options`` names them as the command line's options (``--num-workers``).
@@ -129,13 +149,20 @@ def allowed_values(name: str) -> str:
         if kind == "null":
             words.append("unset (null)")
             continue
-        bounds = [f"{op} {option[key]}" for key, op in (("exclusiveMinimum", ">"), ("minimum", ">="),
-                                                        ("exclusiveMaximum", "<"), ("maximum", "<="))
-                  if key in option]
+        bounds = [
+            f"{op} {option[key]}"
+            for key, op in (("exclusiveMinimum", ">"), ("minimum", ">="), ("exclusiveMaximum", "<"), ("maximum", "<="))
+            if key in option
+        ]
         if "pattern" in option:
             bounds.append(f"matching {option['pattern']}")
-        kind_words = {"integer": "an integer", "number": "a number", "string": "a string",
-                      "boolean": "true or false", "array": "a list of strings"}.get(kind, str(kind))
+        kind_words = {
+            "integer": "an integer",
+            "number": "a number",
+            "string": "a string",
+            "boolean": "true or false",
+            "array": "a list of strings",
+        }.get(kind, str(kind))
         words.append(" ".join([kind_words, " and ".join(bounds)]).strip())
     return " or ".join(words)
 

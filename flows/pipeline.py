@@ -23,7 +23,12 @@ from flows.params import PipelineParams
 from flows.preflight import check_services
 from flows.progress_display import ProgressDisplay
 from flows.task_runner import (
-    check_cluster_reach, cluster_address, current_api_url, largest_node_cpus, make_task_runner, ray_worker_env,
+    check_cluster_reach,
+    cluster_address,
+    current_api_url,
+    largest_node_cpus,
+    make_task_runner,
+    ray_worker_env,
     workers_have_env,
 )
 from tasks.artifacts import artifact_key
@@ -105,7 +110,7 @@ class _Stopwatch:
 
     time: StageTime
 
-    def __enter__(self) -> "_Stopwatch":
+    def __enter__(self) -> _Stopwatch:
         self._started, self._wall = time.perf_counter(), time.time()
         return self
 
@@ -154,18 +159,35 @@ def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) ->
     run_name = params.run_name or f"{params.model_name}-{flow_run_id[:8]}"
     cache = expand_path(params.data_cache_dir or home.data_cache)
     training = TrainingSettings(
-        run_name=run_name, storage_path=expand_path(params.storage_path or home.storage_path), node_cache_dir=cache,
-        epochs=params.epochs, recipe=get_recipe(params.recipe, params.lr), batch_size=params.batch_size,
+        run_name=run_name,
+        storage_path=expand_path(params.storage_path or home.storage_path),
+        node_cache_dir=cache,
+        epochs=params.epochs,
+        recipe=get_recipe(params.recipe, params.lr),
+        batch_size=params.batch_size,
         num_workers=params.num_workers,
-        use_gpu=params.use_gpu, num_to_keep=params.num_to_keep,
-        checkpoint_score_attribute=params.checkpoint_score_attribute or None, max_failures=params.max_failures,
-        limit=params.limit, seed=params.seed, placement_timeout_s=params.placement_timeout_s,
-        placement_strategy=params.placement_strategy)
+        use_gpu=params.use_gpu,
+        num_to_keep=params.num_to_keep,
+        checkpoint_score_attribute=params.checkpoint_score_attribute or None,
+        max_failures=params.max_failures,
+        limit=params.limit,
+        seed=params.seed,
+        placement_timeout_s=params.placement_timeout_s,
+        placement_strategy=params.placement_strategy,
+    )
     return PipelineRun(
-        params=params, training=training, data_cache_dir=cache,
+        params=params,
+        training=training,
+        data_cache_dir=cache,
         mlflow_tracking_uri=params.mlflow_tracking_uri or home.mlflow_tracking_uri,
-        tags={"prefect.flow_run_id": flow_run_id, "dataset": params.dataset, "trainlib.run_name": run_name,
-              "recipe": params.recipe, **source_tags(f"flows.pipeline:{FLOW_NAME}")})
+        tags={
+            "prefect.flow_run_id": flow_run_id,
+            "dataset": params.dataset,
+            "trainlib.run_name": run_name,
+            "recipe": params.recipe,
+            **source_tags(f"flows.pipeline:{FLOW_NAME}"),
+        },
+    )
 
 
 @flow(name="pipeline-steps")
@@ -184,45 +206,63 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
     params = run.params
     check_cluster_reach(current_api_url(), run.mlflow_tracking_uri, run.training.storage_path, params.mirrors)
     with _Stopwatch() as download_time:
-        staged = download_dataset.submit(params.dataset, params.mirrors, run.data_cache_dir,
-                                         join_url(run.training.storage_path, "datasets")).result()
+        staged = download_dataset.submit(
+            params.dataset, params.mirrors, run.data_cache_dir, join_url(run.training.storage_path, "datasets")
+        ).result()
 
     with _Stopwatch() as train_time:
         board = ProgressBoard.create()  # rank 0 tells it where it is within the epoch; the display reads it
-        display = ProgressDisplay(board, get_run_logger(), key=artifact_key("training-progress", params.model_name),
-                                  description=f"Training run {run.training.run_name}")
+        display = ProgressDisplay(
+            board,
+            get_run_logger(),
+            key=artifact_key("training-progress", params.model_name),
+            description=f"Training run {run.training.run_name}",
+        )
         train = train_model.with_options(timeout_seconds=params.train_timeout_s)
         try:
             with display, remote_options(num_cpus=0, num_gpus=0):  # the DDP workers hold the CPUs/GPUs
-                training = train.submit(staged, run.training, run.mlflow_tracking_uri, params.experiment_name,
-                                        run.tags, board).result()
+                training = train.submit(
+                    staged, run.training, run.mlflow_tracking_uri, params.experiment_name, run.tags, board
+                ).result()
         finally:
             board.remove()
 
     with _Stopwatch() as evaluate_time, remote_options(num_cpus=largest_node_cpus()):  # the workers are done
-        comparison = evaluate.submit(training, staged, run.data_cache_dir, params.test_limit, run.mlflow_tracking_uri,
-                                     params.model_name).result()
+        comparison = evaluate.submit(
+            training, staged, run.data_cache_dir, params.test_limit, run.mlflow_tracking_uri, params.model_name
+        ).result()
     report = comparison.report
 
     with _Stopwatch() as register_time:
         card = ModelCard(dataset=dataset_identity(staged), recipe=run.training.recipe.record())
-        registration = register.submit(training, comparison, card, params.model_name, run.mlflow_tracking_uri,
-                                       params.min_margin, run.tags).result()
+        registration = register.submit(
+            training, comparison, card, params.model_name, run.mlflow_tracking_uri, params.min_margin, run.tags
+        ).result()
 
     return PipelineSummary(
-        run_path=training.run_path, checkpoint=training.checkpoint_uri, mlflow_run_id=training.mlflow_run_id,
-        model_name=registration.model_name, model_version=str(registration.version),
-        champion_version=str(registration.champion_version), promoted=registration.decision.promote,
-        decision=registration.decision.reason, test_accuracy=report.accuracy, test_loss=report.loss,
-        champion_test_accuracy=comparison.champion.accuracy, recipe=params.recipe,
-        downloaded_files=list(staged.downloaded), training_metrics=training.metrics,
+        run_path=training.run_path,
+        checkpoint=training.checkpoint_uri,
+        mlflow_run_id=training.mlflow_run_id,
+        model_name=registration.model_name,
+        model_version=str(registration.version),
+        champion_version=str(registration.champion_version),
+        promoted=registration.decision.promote,
+        decision=registration.decision.reason,
+        test_accuracy=report.accuracy,
+        test_loss=report.loss,
+        champion_test_accuracy=comparison.champion.accuracy,
+        recipe=params.recipe,
+        downloaded_files=list(staged.downloaded),
+        training_metrics=training.metrics,
         fit_seconds=training.seconds,
-        stage_times=StageTimes(download=download_time.time, train=train_time.time, evaluate=evaluate_time.time,
-                               register=register_time.time))
+        stage_times=StageTimes(
+            download=download_time.time, train=train_time.time, evaluate=evaluate_time.time, register=register_time.time
+        ),
+    )
 
 
 @flow(name=FLOW_NAME, flow_run_name=flow_run_name, validate_parameters=True)
-def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSummary:
+def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSummary:  # noqa: B008 - Prefect reads the default
     """Download FashionMNIST, train the tutorial's ResNet18 with trainlib on Ray, evaluate, register.
 
     Args:
@@ -233,10 +273,17 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSumm
     api_url = current_api_url()
     flow_run_id = str(get_run_context().flow_run.id)
     run = resolve_run(params, flow_run_id, PipelineHome.resolve())
-    logger.info("Run %s: %s on %s, %d worker(s), %d epoch(s); Ray %s; MLflow %s; storage %s", run.training.run_name,
-                params.dataset, "GPUs" if params.use_gpu else "CPUs", params.num_workers, params.epochs,
-                cluster_address(params.ray_address) or "local", mask_url(run.mlflow_tracking_uri),
-                mask_url(run.training.storage_path))
+    logger.info(
+        "Run %s: %s on %s, %d worker(s), %d epoch(s); Ray %s; MLflow %s; storage %s",
+        run.training.run_name,
+        params.dataset,
+        "GPUs" if params.use_gpu else "CPUs",
+        params.num_workers,
+        params.epochs,
+        cluster_address(params.ray_address) or "local",
+        mask_url(run.mlflow_tracking_uri),
+        mask_url(run.training.storage_path),
+    )
     check_services(params.ray_address, run.mlflow_tracking_uri)  # seconds, before any step starts
     task_runner = make_task_runner(params.ray_address, api_url)
     # Ray starts (or is joined) here, so a local one's workers start while Prefect creates the steps' subflow run,
@@ -244,9 +291,16 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSumm
     # runs the tasks on it. Stopped after the steps.
     with task_runner:
         steps = pipeline_steps.with_options(
-            task_runner=task_runner.duplicate(), flow_run_name=f"{get_run_context().flow_run.name}-steps",
-            timeout_seconds=params.train_timeout_s + OTHER_STEPS_TIMEOUT_S)
+            task_runner=task_runner.duplicate(),
+            flow_run_name=f"{get_run_context().flow_run.name}-steps",
+            timeout_seconds=params.train_timeout_s + OTHER_STEPS_TIMEOUT_S,
+        )
         summary = steps(run)
-    logger.info("Done: test accuracy %.2f%%, %s version %s (%s)", 100 * summary.test_accuracy, params.model_name,
-                summary.model_version, summary.decision)
+    logger.info(
+        "Done: test accuracy %.2f%%, %s version %s (%s)",
+        100 * summary.test_accuracy,
+        params.model_name,
+        summary.model_version,
+        summary.decision,
+    )
     return summary

@@ -57,7 +57,11 @@ def start_prefect_server(prefect_home: str, port: int, log_path: str) -> tuple[s
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     api_url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -67,8 +71,10 @@ def start_prefect_server(prefect_home: str, port: int, log_path: str) -> tuple[s
             break
         time.sleep(0.5)
     process.terminate()
-    raise RuntimeError(f"The Prefect server on 127.0.0.1:{port} did not become healthy within "
-                       f"{SERVER_START_TIMEOUT_S:.0f} s; see {log_path}. Is the port taken? Pass --prefect-port.")
+    raise RuntimeError(
+        f"The Prefect server on 127.0.0.1:{port} did not become healthy within "
+        f"{SERVER_START_TIMEOUT_S:.0f} s; see {log_path}. Is the port taken? Pass --prefect-port."
+    )
 
 
 def ensure_prefect(home: PipelineHome, port: int) -> PrefectServer:
@@ -80,8 +86,10 @@ def ensure_prefect(home: PipelineHome, port: int) -> PrefectServer:
     url = os.environ.get("PREFECT_API_URL")
     if url:
         if not server_healthy(url, timeout_s=5.0):
-            raise RuntimeError(f"PREFECT_API_URL={url} does not answer ({url.rstrip('/')}/health). Start that "
-                               "server, or unset PREFECT_API_URL to let this command start one on 127.0.0.1.")
+            raise RuntimeError(
+                f"PREFECT_API_URL={url} does not answer ({url.rstrip('/')}/health). Start that "
+                "server, or unset PREFECT_API_URL to let this command start one on 127.0.0.1."
+            )
         return PrefectServer(url, "from PREFECT_API_URL")
     local = f"http://127.0.0.1:{port}/api"
     if server_healthy(local):

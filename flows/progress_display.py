@@ -23,10 +23,10 @@ from typing import Any
 
 from tasks.domain.progress import EpochProgress
 
-POLL_S = 1.0            # how often the board is read
-LOG_EVERY_S = 10.0      # a progress line at most this often
+POLL_S = 1.0  # how often the board is read
+LOG_EVERY_S = 10.0  # a progress line at most this often
 ARTIFACT_EVERY_S = 3.0  # the progress artifact moves at most this often
-STOP_TIMEOUT_S = 10.0   # how long leaving the display waits for the thread
+STOP_TIMEOUT_S = 10.0  # how long leaving the display waits for the thread
 
 
 class ProgressDisplay:
@@ -39,8 +39,15 @@ class ProgressDisplay:
         description: the progress artifact's description.
     """
 
-    def __init__(self, board: Any, logger: Any, key: str, description: str,
-                 log_every_s: float = LOG_EVERY_S, artifact_every_s: float = ARTIFACT_EVERY_S):
+    def __init__(
+        self,
+        board: Any,
+        logger: Any,
+        key: str,
+        description: str,
+        log_every_s: float = LOG_EVERY_S,
+        artifact_every_s: float = ARTIFACT_EVERY_S,
+    ):
         self.board, self.logger, self.key, self.description = board, logger, key, description
         self.log_every_s, self.artifact_every_s = log_every_s, artifact_every_s
         self.latest: EpochProgress | None = None
@@ -52,10 +59,9 @@ class ProgressDisplay:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "ProgressDisplay":
+    def __enter__(self) -> ProgressDisplay:
         context = contextvars.copy_context()  # Prefect's settings and run context, for the thread's API calls
-        self._thread = threading.Thread(target=context.run, args=(self._loop,), name="trainlib-progress",
-                                        daemon=True)
+        self._thread = threading.Thread(target=context.run, args=(self._loop,), name="trainlib-progress", daemon=True)
         self._thread.start()
         return self
 
@@ -89,11 +95,17 @@ class ProgressDisplay:
         if progress != self._shown_log and (final or now - self._last_log >= self.log_every_s):
             self.logger.info("Training: %s", progress.describe())
             self._shown_log, self._last_log = progress, now
-        if self._artifact_id is not None and progress != self._shown_artifact and (
-                final or now - self._last_artifact >= self.artifact_every_s):
+        if (
+            self._artifact_id is not None
+            and progress != self._shown_artifact
+            and (final or now - self._last_artifact >= self.artifact_every_s)
+        ):
             try:
-                update_progress_artifact(self._artifact_id, progress=round(100 * progress.run_fraction, 1),
-                                         description=f"{self.description}: {progress.describe()}")
+                update_progress_artifact(
+                    self._artifact_id,
+                    progress=round(100 * progress.run_fraction, 1),
+                    description=f"{self.description}: {progress.describe()}",
+                )
                 self.artifact_updates += 1
             except Exception as exc:  # noqa: BLE001
                 self.logger.debug("Progress artifact not updated: %s", exc)

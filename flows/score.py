@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Optional
+from typing import Any
 
 import pandas as pd
 from prefect import flow, get_run_logger
@@ -46,31 +46,42 @@ class ScoreParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    input_url: str = Field(..., min_length=1, description="Images: an idx file (.gz or not), a .npy array or a "
-                                                          "folder of 28x28 PNGs; a path or an s3:// URL.")
-    output_url: str = Field(..., min_length=1, description="Where to write the predictions: a .parquet or .csv "
-                                                           "path or s3:// URL.")
-    model_name: str = Field("fashion-mnist-resnet18", pattern=NAME_PATTERN, max_length=200,
-                            description="Registered model in MLflow.")
+    input_url: str = Field(
+        ...,
+        min_length=1,
+        description="Images: an idx file (.gz or not), a .npy array or a folder of 28x28 PNGs; a path or an s3:// URL.",
+    )
+    output_url: str = Field(
+        ..., min_length=1, description="Where to write the predictions: a .parquet or .csv path or s3:// URL."
+    )
+    model_name: str = Field(
+        "fashion-mnist-resnet18", pattern=NAME_PATTERN, max_length=200, description="Registered model in MLflow."
+    )
     alias: str = Field(CHAMPION_ALIAS, pattern=NAME_PATTERN, max_length=200, description="The model alias to use.")
-    mlflow_tracking_uri: Optional[str] = Field(None, description="MLflow server or store (default: "
-                                                                 "$MLFLOW_TRACKING_URI, else the pipeline home's).")
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow server or store (default: $MLFLOW_TRACKING_URI, else the pipeline home's)."
+    )
     chunk_size: int = Field(2500, gt=0, le=1_000_000, description="Images per scoring task.")
-    num_workers: int = Field(2, ge=1, le=4096, description="CPUs of the local Ray (parallel chunks); ignored "
-                                                            "with ray_address.")
-    ray_address: Optional[str] = Field(None, description="A Ray cluster (default: a local Ray for this run).")
-    storage_options: Optional[dict[str, Any]] = Field(
-        None, description="fsspec options for s3:// input and output (endpoint, ...); credentials come from the "
-                          "environment, never from here.")
+    num_workers: int = Field(
+        2, ge=1, le=4096, description="CPUs of the local Ray (parallel chunks); ignored with ray_address."
+    )
+    ray_address: str | None = Field(None, description="A Ray cluster (default: a local Ray for this run).")
+    storage_options: dict[str, Any] | None = Field(
+        None,
+        description="fsspec options for s3:// input and output (endpoint, ...); credentials come from the "
+        "environment, never from here.",
+    )
 
     @field_validator("storage_options")
     @classmethod
-    def _no_credentials(cls, value: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    def _no_credentials(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         # Flow parameters are stored in the Prefect database and shown in its UI: no secrets there.
         secret = [k for k in _keys(value) if any(w in k.lower() for w in ("secret", "password", "token", "key"))]
         if secret:
-            raise ValueError(f"storage_options must not hold credentials ({', '.join(secret)}): set them in the "
-                             "worker's environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL).")
+            raise ValueError(
+                f"storage_options must not hold credentials ({', '.join(secret)}): set them in the "
+                "worker's environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL)."
+            )
         return value
 
     @field_validator("output_url")
@@ -93,8 +104,9 @@ SCORING_WORKER_MODULES = ("flows.score", "mlflow.pyfunc", "torch")
 
 def _task_runner(params: ScoreParams, api_url: str) -> RayTaskRunner:
     if not params.ray_address:
-        return local_task_runner(preload=SCORING_WORKER_MODULES, worker_env=ray_worker_env(api_url),
-                                 num_cpus=params.num_workers)
+        return local_task_runner(
+            preload=SCORING_WORKER_MODULES, worker_env=ray_worker_env(api_url), num_cpus=params.num_workers
+        )
     return cluster_task_runner(params.ray_address, {"env_vars": ray_worker_env(api_url)})
 
 
@@ -107,8 +119,10 @@ def score_steps(params: ScoreParams, input_url: str, output_url: str, tracking_u
     chunks = math.ceil(len(images) / params.chunk_size)
     started = time.perf_counter()
     with remote_options(num_cpus=1):  # one CPU each: chunks run side by side, one per CPU
-        futures = [score_images_chunk.submit(model, images.chunk(i * params.chunk_size, (i + 1) * params.chunk_size))
-                   for i in range(chunks)]
+        futures = [
+            score_images_chunk.submit(model, images.chunk(i * params.chunk_size, (i + 1) * params.chunk_size))
+            for i in range(chunks)
+        ]
         frames = [future.result() for future in futures]
     score_seconds = time.perf_counter() - started
     predictions = pd.concat(frames, ignore_index=True)
@@ -132,10 +146,21 @@ def score_images(params: ScoreParams) -> ScoringSummary:
     api_url = current_api_url()
     tracking_uri = params.mlflow_tracking_uri or PipelineHome.resolve().mlflow_tracking_uri
     input_url, output_url = expand_path(params.input_url), expand_path(params.output_url)
-    logger.info("Scoring %s with %s@%s from %s into %s", mask_url(input_url), params.model_name, params.alias,
-                mask_url(tracking_uri), mask_url(output_url))
+    logger.info(
+        "Scoring %s with %s@%s from %s into %s",
+        mask_url(input_url),
+        params.model_name,
+        params.alias,
+        mask_url(tracking_uri),
+        mask_url(output_url),
+    )
     steps = score_steps.with_options(task_runner=_task_runner(params, api_url))
     summary = steps(params, input_url, output_url, tracking_uri)
-    logger.info("Done: %d images, %s version %s, predictions in %s", summary.images, summary.model_name,
-                summary.model_version, mask_url(summary.output_url))
+    logger.info(
+        "Done: %d images, %s version %s, predictions in %s",
+        summary.images,
+        summary.model_name,
+        summary.model_version,
+        mask_url(summary.output_url),
+    )
     return summary

@@ -14,7 +14,8 @@ import importlib
 import json
 import logging
 import os
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
@@ -22,10 +23,11 @@ from prefect.settings import get_current_settings
 from prefect_ray import RayTaskRunner
 
 from tasks.domain.reachability import check_reachable
+
 # trainlib's own lean start of a local Ray; the pipeline's local Ray is started by prefect-ray.
 from trainlib._internal.execution.embedded_ray import LEAN_SYSTEM_CONFIG, LeanLocalRay, lean_local_start
-from trainlib._internal.execution.worker_preload import WORKER_PRELOAD_MODULES, preload_python_modules
 from trainlib._internal.execution.worker_logs import print_whole_lines
+from trainlib._internal.execution.worker_preload import WORKER_PRELOAD_MODULES, preload_python_modules
 from trainlib._internal.util.environ import environment
 
 PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
@@ -49,8 +51,11 @@ def ray_worker_env(api_url: str) -> dict[str, str]:
     Only the URL travels; an API key would be a secret, so Prefect Cloud users set it on the
     cluster nodes themselves.
     """
-    return {"PREFECT_API_URL": api_url, "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "false",
-            "PREFECT_LOGGING_EXTRA_LOGGERS": "trainlib"}
+    return {
+        "PREFECT_API_URL": api_url,
+        "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "false",
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "trainlib",
+    }
 
 
 def cluster_address(ray_address: str | None) -> str | None:
@@ -137,7 +142,7 @@ class LocalRayTaskRunner(LogSendingRayTaskRunner):
         # A duplicate of a runner that had started Ray (with worker_env) and keeps it up: it runs the tasks there.
         self._on_started_ray = False
 
-    def duplicate(self) -> "LocalRayTaskRunner":
+    def duplicate(self) -> LocalRayTaskRunner:
         """A copy, as Prefect enters for a flow run. Of a runner entered already, one that runs the tasks on the Ray
         it started and leaves that Ray up: the pipeline starts Ray before Prefect creates the steps' subflow run, so
         the workers start ~0.2 s sooner, and stops it after that run."""
@@ -145,7 +150,7 @@ class LocalRayTaskRunner(LogSendingRayTaskRunner):
         twin._on_started_ray = self._on_started_ray or self._local_ray is not None
         return twin
 
-    def __enter__(self) -> "LocalRayTaskRunner":
+    def __enter__(self) -> LocalRayTaskRunner:
         with environment(self.worker_env), lean_local_start() as lean:
             super().__enter__()
         if self._owns_ray:
@@ -169,8 +174,9 @@ class LocalRayTaskRunner(LogSendingRayTaskRunner):
         return self._owns_ray or self._on_started_ray
 
 
-def local_task_runner(preload: Iterable[str] = (), worker_env: Mapping[str, str] | None = None,
-                      **init_kwargs: Any) -> LocalRayTaskRunner:
+def local_task_runner(
+    preload: Iterable[str] = (), worker_env: Mapping[str, str] | None = None, **init_kwargs: Any
+) -> LocalRayTaskRunner:
     """A task runner on a new local Ray (``address="local"``: never the last cluster started on this machine).
 
     ``preload``: modules the raylet's worker processes import as they start (Ray's
@@ -180,10 +186,14 @@ def local_task_runner(preload: Iterable[str] = (), worker_env: Mapping[str, str]
     """
     # Without worker_setup: the pipeline's tasks import Ray's serializers' libraries anyway (lazy_serializers.py).
     modules = preload_python_modules(preload, lazy_serializers=False) if preload else []
-    init_kwargs["_system_config"] = {**LEAN_SYSTEM_CONFIG, "idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS,
-                                     **({"preload_python_modules": modules} if modules else {})}
-    return LocalRayTaskRunner(address="local", init_kwargs={"include_dashboard": False, **init_kwargs},
-                              worker_env=worker_env)
+    init_kwargs["_system_config"] = {
+        **LEAN_SYSTEM_CONFIG,
+        "idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS,
+        **({"preload_python_modules": modules} if modules else {}),
+    }
+    return LocalRayTaskRunner(
+        address="local", init_kwargs={"include_dashboard": False, **init_kwargs}, worker_env=worker_env
+    )
 
 
 def workers_have_env(task_runner: Any) -> bool:
@@ -220,14 +230,20 @@ def cluster_task_runner(address: str, runtime_env: Mapping[str, Any]) -> RayTask
     return LogSendingRayTaskRunner(address=address, init_kwargs={"runtime_env": dict(runtime_env)})
 
 
-def check_cluster_reach(api_url: str, mlflow_tracking_uri: str, storage_path: str,
-                        mirrors: Iterable[str] | None) -> None:
+def check_cluster_reach(
+    api_url: str, mlflow_tracking_uri: str, storage_path: str, mirrors: Iterable[str] | None
+) -> None:
     """With Ray connected: refuse what nodes on other hosts could not reach (see tasks.domain.reachability)."""
     import ray
 
     node_ips = [n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")]
-    check_reachable(node_ips, prefect_api_url=api_url, mlflow_tracking_uri=mlflow_tracking_uri,
-                    storage_path=storage_path, mirrors=mirrors or ())
+    check_reachable(
+        node_ips,
+        prefect_api_url=api_url,
+        mlflow_tracking_uri=mlflow_tracking_uri,
+        storage_path=storage_path,
+        mirrors=mirrors or (),
+    )
 
 
 def largest_node_cpus(cap: int = 16) -> int:
@@ -251,5 +267,6 @@ def current_api_url() -> str:
         raise PrefectAPIMissingError(
             "PREFECT_API_URL is not set, so the Ray workers would have no Prefect server to report task runs "
             "to. Start one (prefect server start --host 127.0.0.1) and set PREFECT_API_URL="
-            "http://127.0.0.1:4200/api, or run the pipeline with `python -m flows.main`, which does both.")
+            "http://127.0.0.1:4200/api, or run the pipeline with `python -m flows.main`, which does both."
+        )
     return url

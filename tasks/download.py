@@ -27,15 +27,30 @@ def _retry_on_network_errors(task: Any, task_run: Any, state: Any) -> bool:
     return is_transient_download_failure(state.data if isinstance(state.data, BaseException) else None)
 
 
-@task(name="download-dataset", retries=DOWNLOAD_TASK_RETRIES, retry_delay_seconds=DOWNLOAD_TASK_RETRY_DELAY_S,
-      retry_condition_fn=_retry_on_network_errors, cache_policy=NO_CACHE, timeout_seconds=DOWNLOAD_TIMEOUT_S)
+@task(
+    name="download-dataset",
+    retries=DOWNLOAD_TASK_RETRIES,
+    retry_delay_seconds=DOWNLOAD_TASK_RETRY_DELAY_S,
+    retry_condition_fn=_retry_on_network_errors,
+    cache_policy=NO_CACHE,
+    timeout_seconds=DOWNLOAD_TIMEOUT_S,
+)
 def download_dataset(name: str, mirrors: list[str] | None, cache_dir: str, staging_url: str) -> StagedDataset:
     """Fetch, verify and stage the data set; log what was downloaded and what came from the cache."""
     logger = get_run_logger()
     staged = fetch_and_stage(name, mirrors, cache_dir, staging_url)
     if staged.downloaded:
-        logger.info("Downloaded %d file(s) of %s: %s", len(staged.downloaded), name,
-                    ", ".join(f"{f} from {staged.sources[f]}" for f in staged.downloaded))
-    logger.info("%s: %d file(s) from the cache %s, staged to %s", name, len(staged.cached), staged.local_folder,
-                staged.staged_url)
+        logger.info(
+            "Downloaded %d file(s) of %s: %s",
+            len(staged.downloaded),
+            name,
+            ", ".join(f"{f} from {staged.sources[f]}" for f in staged.downloaded),
+        )
+    logger.info(
+        "%s: %d file(s) from the cache %s, staged to %s",
+        name,
+        len(staged.cached),
+        staged.local_folder,
+        staged.staged_url,
+    )
     return staged

@@ -32,16 +32,26 @@ def _emit(event: str, resource: dict[str, str], payload: dict[str, Any]) -> None
         logger.warning("Could not emit Prefect event %s: %s", event, exc)
 
 
-def emit_model_promoted(model_name: str, version: str, test_accuracy: float, previous_champion: str | None,
-                        reason: str) -> None:
+def emit_model_promoted(
+    model_name: str, version: str, test_accuracy: float, previous_champion: str | None, reason: str
+) -> None:
     """Tell Prefect that ``version`` of ``model_name`` became the champion."""
-    _emit(MODEL_PROMOTED, {"prefect.resource.id": f"mlflow.model.{model_name}",
-                           "prefect.resource.name": model_name},
-          {"version": version, "test_accuracy": test_accuracy, "previous_champion": previous_champion or "none",
-           "reason": reason})
+    _emit(
+        MODEL_PROMOTED,
+        {"prefect.resource.id": f"mlflow.model.{model_name}", "prefect.resource.name": model_name},
+        {
+            "version": version,
+            "test_accuracy": test_accuracy,
+            "previous_champion": previous_champion or "none",
+            "reason": reason,
+        },
+    )
 
 
 def emit_training_failed(run_name: str, error: BaseException) -> None:
     """Tell Prefect that training run ``run_name`` failed with ``error``."""
-    _emit(TRAINING_FAILED, {"prefect.resource.id": f"trainlib.run.{run_name}", "prefect.resource.name": run_name},
-          {"error_type": type(error).__name__, "message": str(error)[:2000]})
+    _emit(
+        TRAINING_FAILED,
+        {"prefect.resource.id": f"trainlib.run.{run_name}", "prefect.resource.name": run_name},
+        {"error_type": type(error).__name__, "message": str(error)[:2000]},
+    )

@@ -25,8 +25,14 @@ class PrefectLogCallback(trainlib.Callback):
 
     def before_run(self, run: trainlib.RunInfo) -> None:
         resumed = f", resuming from {run.resumed_from}" if run.resumed_from else ""
-        self.logger.info("Training run %s: %d worker(s)%s, folder %s%s", run.name, run.world_size,
-                         " with GPUs" if run.use_gpu else " on CPUs", run.path, resumed)
+        self.logger.info(
+            "Training run %s: %d worker(s)%s, folder %s%s",
+            run.name,
+            run.world_size,
+            " with GPUs" if run.use_gpu else " on CPUs",
+            run.path,
+            resumed,
+        )
 
     def after_report(self, run: trainlib.RunInfo, report: trainlib.ReportRecord) -> None:
         shown = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in report.metrics.items())

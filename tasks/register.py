@@ -23,17 +23,26 @@ REGISTER_TIMEOUT_S = 15 * 60
 
 
 @task(name="register", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5, timeout_seconds=REGISTER_TIMEOUT_S)
-def register(training: TrainingOutcome, comparison: Comparison, card: ModelCard, model_name: str, tracking_uri: str,
-             min_margin: float, extra_tags: dict[str, str] | None = None) -> Registration:
+def register(
+    training: TrainingOutcome,
+    comparison: Comparison,
+    card: ModelCard,
+    model_name: str,
+    tracking_uri: str,
+    min_margin: float,
+    extra_tags: dict[str, str] | None = None,
+) -> Registration:
     """Register the model version, set ``challenger``, promote to ``champion`` if it beats it by ``min_margin``."""
     logger = get_run_logger()
     registration = register_and_promote(training, comparison, card, model_name, tracking_uri, min_margin, extra_tags)
     decision, report = registration.decision, comparison.report
-    logger.info("Registered %s version %s as %r; %s", model_name, registration.version, CHALLENGER_ALIAS,
-                decision.reason)
+    logger.info(
+        "Registered %s version %s as %r; %s", model_name, registration.version, CHALLENGER_ALIAS, decision.reason
+    )
     if decision.promote:
-        emit_model_promoted(model_name, registration.version, report.accuracy, decision.champion_version,
-                            decision.reason)
+        emit_model_promoted(
+            model_name, registration.version, report.accuracy, decision.champion_version, decision.reason
+        )
     create_markdown_artifact(
         f"# Model registry: {model_name}\n\n"
         f"* new version **{registration.version}** has alias `{CHALLENGER_ALIAS}`\n"
@@ -44,5 +53,7 @@ def register(training: TrainingOutcome, comparison: Comparison, card: ModelCard,
         f"{'n/a' if decision.margin is None else f'{decision.margin:+.4f}'}, required >= {decision.min_margin:.4f})\n"
         f"* test data md5: `{comparison.test_data_md5}`\n"
         f"* recipe: `{card.recipe.get('name', 'unknown')}`; data set md5 `{card.dataset.digest}`\n",
-        key=artifact_key("model-registry", model_name), description="Champion/challenger decision")
+        key=artifact_key("model-registry", model_name),
+        description="Champion/challenger decision",
+    )
     return registration

@@ -27,14 +27,25 @@ from tasks.prefect_callback import PrefectLogCallback
 
 
 @task(name="train", cache_policy=NO_CACHE)
-def train_model(dataset: StagedDataset, settings: TrainingSettings, tracking_uri: str, experiment_name: str,
-                tags: dict[str, str] | None = None, progress: ProgressSink | None = None) -> TrainingOutcome:
+def train_model(
+    dataset: StagedDataset,
+    settings: TrainingSettings,
+    tracking_uri: str,
+    experiment_name: str,
+    tags: dict[str, str] | None = None,
+    progress: ProgressSink | None = None,
+) -> TrainingOutcome:
     """Train with trainlib on the Ray cluster, tracked in MLflow; return where the result is."""
     from trainlib.mlflow import MLflowLogger
 
     logger = get_run_logger()
-    mlflow_logger = MLflowLogger(tracking_uri=tracking_uri, experiment_name=experiment_name,
-                                 run_name=settings.run_name, tags=dict(tags or {}), log_checkpoints="best")
+    mlflow_logger = MLflowLogger(
+        tracking_uri=tracking_uri,
+        experiment_name=experiment_name,
+        run_name=settings.run_name,
+        tags=dict(tags or {}),
+        log_checkpoints="best",
+    )
     try:
         fit = run_training(settings, dataset, [mlflow_logger, PrefectLogCallback(logger)], progress)
     except Exception as exc:
@@ -45,9 +56,17 @@ def train_model(dataset: StagedDataset, settings: TrainingSettings, tracking_uri
     if run_id and not fit.reused:
         log_dataset_input(run_id, dataset_identity(dataset), tracking_uri)
     if run_id:
-        create_link_artifact(run_page_url(tracking_uri, run_id), link_text=f"MLflow run {settings.run_name}",
-                             key=artifact_key("mlflow-run", experiment_name),
-                             description="The training's MLflow run: metrics, checkpoints, evaluation, model")
-    logger.info("fit() took %.1f s%s; evaluating checkpoint %s (MLflow run %s)", fit.seconds,
-                " (finished earlier, not trained again)" if fit.reused else "", outcome.checkpoint_uri, run_id)
+        create_link_artifact(
+            run_page_url(tracking_uri, run_id),
+            link_text=f"MLflow run {settings.run_name}",
+            key=artifact_key("mlflow-run", experiment_name),
+            description="The training's MLflow run: metrics, checkpoints, evaluation, model",
+        )
+    logger.info(
+        "fit() took %.1f s%s; evaluating checkpoint %s (MLflow run %s)",
+        fit.seconds,
+        " (finished earlier, not trained again)" if fit.reused else "",
+        outcome.checkpoint_uri,
+        run_id,
+    )
     return outcome

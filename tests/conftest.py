@@ -13,7 +13,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS_DIR = os.path.join(REPO_ROOT, "tests")  # the shared helper modules (malloc_probe, prefect_helpers...)
 # The official FashionMNIST files beside the checkout; FASHION_MNIST_MIRROR names them elsewhere (git worktrees).
 FASHION_MNIST_MIRROR = os.environ.get("FASHION_MNIST_MIRROR") or os.path.abspath(
-    os.path.join(REPO_ROOT, "..", "shared", "datasets", "fashion-mnist"))
+    os.path.join(REPO_ROOT, "..", "shared", "datasets", "fashion-mnist")
+)
 
 
 # Environment for the Prefect servers the tests start: no analytics, and none of the server's
@@ -22,9 +23,20 @@ FASHION_MNIST_MIRROR = os.environ.get("FASHION_MNIST_MIRROR") or os.path.abspath
 # recording and automations (triggers) stay on: the tests read them.
 PREFECT_TEST_SERVER_ENV = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    **{f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
-       for name in ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP", "REPOSSESSOR",
-                    "DB_VACUUM", "CLEANUP_RECONCILER", "EVENT_LOGGER")},
+    **{
+        f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false"
+        for name in (
+            "SCHEDULER",
+            "LATE_RUNS",
+            "FOREMAN",
+            "PAUSE_EXPIRATIONS",
+            "CANCELLATION_CLEANUP",
+            "REPOSSESSOR",
+            "DB_VACUUM",
+            "CLEANUP_RECONCILER",
+            "EVENT_LOGGER",
+        )
+    },
 }
 
 
@@ -82,22 +94,49 @@ def free_port(ip: str = "127.0.0.1") -> int:
             return port
 
 
-def controller_on(storage, make_worker_group=lambda: None, *, world_size: int = 2, checkpoint_config=None,
-                  failure_config=None, callbacks=None):
+def controller_on(
+    storage,
+    make_worker_group=lambda: None,
+    *,
+    world_size: int = 2,
+    checkpoint_config=None,
+    failure_config=None,
+    callbacks=None,
+):
     """A driver's Controller for the run in ``storage``; without a worker group, tests feed it messages directly."""
     from trainlib._internal.execution.controller import Controller
     from trainlib._internal.storage.run_record import RunRecord
     from trainlib.callbacks import RunInfo
     from trainlib.config import CheckpointConfig, FailureConfig
 
-    record = RunRecord(name=storage.name, storage_path=storage.root, trainlib_version="", train_loop_config=None,
-                       scaling_config={}, checkpoint_config={}, failure_config={})
-    info = RunInfo(name=storage.name, path=storage.uri(), world_size=world_size, use_gpu=False,
-                   train_loop_config=None, scaling_config={}, resumed_from=None, record=record)
-    return Controller(storage=storage, make_worker_group=make_worker_group,
-                      checkpoint_config=checkpoint_config or CheckpointConfig(),
-                      failure_config=failure_config or FailureConfig(), callbacks=callbacks or [], run_info=info,
-                      verbose=False)
+    record = RunRecord(
+        name=storage.name,
+        storage_path=storage.root,
+        trainlib_version="",
+        train_loop_config=None,
+        scaling_config={},
+        checkpoint_config={},
+        failure_config={},
+    )
+    info = RunInfo(
+        name=storage.name,
+        path=storage.uri(),
+        world_size=world_size,
+        use_gpu=False,
+        train_loop_config=None,
+        scaling_config={},
+        resumed_from=None,
+        record=record,
+    )
+    return Controller(
+        storage=storage,
+        make_worker_group=make_worker_group,
+        checkpoint_config=checkpoint_config or CheckpointConfig(),
+        failure_config=failure_config or FailureConfig(),
+        callbacks=callbacks or [],
+        run_info=info,
+        verbose=False,
+    )
 
 
 _session_lean = None  # what the session's lean Ray keeps in this process (its log reader, its agents' ports)

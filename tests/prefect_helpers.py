@@ -10,9 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from http_health import healthy
-
 from conftest import PREFECT_TEST_SERVER_ENV, free_port
+from http_health import healthy
 
 BIN = os.path.dirname(sys.executable)
 
@@ -23,8 +22,12 @@ class PrefectServer:
     def __init__(self, root: Path, base_env: dict[str, str], ui: bool = False):
         self.ui = ui
         self.log_path = root / "prefect.log"
-        self.env = dict(base_env, **PREFECT_TEST_SERVER_ENV, PREFECT_HOME=str(root / "prefect_home"),
-                        PREFECT_UI_ENABLED="true" if ui else "false")
+        self.env = dict(
+            base_env,
+            **PREFECT_TEST_SERVER_ENV,
+            PREFECT_HOME=str(root / "prefect_home"),
+            PREFECT_UI_ENABLED="true" if ui else "false",
+        )
         self._use_port(free_port())
         self.process: subprocess.Popen | None = None
 
@@ -35,11 +38,15 @@ class PrefectServer:
         if self.ui:
             self.env["PREFECT_UI_API_URL"] = self.api_url
 
-    def start(self) -> "PrefectServer":
+    def start(self) -> PrefectServer:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [f"{BIN}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
-                stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
         return self
 
     def wait(self, timeout_s: float = 120, port_retries: int = 2) -> None:

@@ -10,7 +10,6 @@ from trainlib._internal.execution.trainer import DataParallelTrainer
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig, FailureConfig, RunConfig
-from trainlib.scaling import ScalingConfig
 from trainlib.context import (
     TrainContext,
     get_all_reported_checkpoints,
@@ -39,6 +38,7 @@ from trainlib.reporting import (
     ReportedCheckpointStatus,
 )
 from trainlib.result import Result
+from trainlib.scaling import ScalingConfig
 
 __version__ = "0.1.0"
 

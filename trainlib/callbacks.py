@@ -37,11 +37,11 @@ class RunInfo:
     train_loop_config: dict[str, Any] | None
     scaling_config: dict[str, Any]
     resumed_from: str | None  # the checkpoint the run started from, if any
-    record: "RunRecord"
+    record: RunRecord
     # The reports an earlier fit() of this run committed, oldest first (their checkpoints are not
     # attached: ``checkpoint`` is None). A tracker that a crash may have cut off compares them with
     # what it holds.
-    earlier_reports: tuple["ReportRecord", ...] = ()
+    earlier_reports: tuple[ReportRecord, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ class ReportRecord:
 
     step: int
     metrics: dict[str, Any]
-    checkpoint: "Checkpoint | None"
+    checkpoint: Checkpoint | None
     attempt: int
     reported_at: float
 
@@ -77,11 +77,11 @@ class Callback:
     def after_report(self, run: RunInfo, report: ReportRecord) -> None:
         """After a report of all ranks was committed (checkpoint durable)."""
 
-    def after_checkpoint_deleted(self, run: RunInfo, checkpoint: "Checkpoint") -> None:
+    def after_checkpoint_deleted(self, run: RunInfo, checkpoint: Checkpoint) -> None:
         """After retention deleted a checkpoint."""
 
-    def after_failure(self, run: RunInfo, failure: "WorkerError", will_restart: bool) -> None:
+    def after_failure(self, run: RunInfo, failure: WorkerError, will_restart: bool) -> None:
         """After a worker failure, before the group restarts or the run fails."""
 
-    def after_run(self, run: RunInfo, result: "Result") -> None:
+    def after_run(self, run: RunInfo, result: Result) -> None:
         """After the run ended; ``result.error`` is set when it failed."""

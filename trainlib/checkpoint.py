@@ -8,7 +8,8 @@ import os
 import posixpath
 import shutil
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import fsspec
 
@@ -41,7 +42,7 @@ class Checkpoint:
         self.path = os.fspath(path)
 
     @classmethod
-    def from_directory(cls, path: str | os.PathLike) -> "Checkpoint":
+    def from_directory(cls, path: str | os.PathLike) -> Checkpoint:
         """A checkpoint of the local folder ``path`` (as in a worker before ``report``)."""
         path = os.fspath(path)
         if not os.path.isdir(path):
@@ -52,7 +53,7 @@ class Checkpoint:
         return cls(os.path.abspath(path))
 
     @classmethod
-    def from_uri(cls, uri: str, storage_options: dict | None = None) -> "Checkpoint":
+    def from_uri(cls, uri: str, storage_options: dict | None = None) -> Checkpoint:
         """The checkpoint at ``uri``, as :attr:`uri` gives it: a local path or an fsspec URL (``s3://...``)."""
         filesystem, path = resolve_filesystem(uri, storage_options=storage_options, field="Checkpoint.from_uri(uri)")
         return cls(path, filesystem)

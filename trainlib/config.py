@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from trainlib._internal import tunables
 from trainlib._internal.util.validation import require_number
+
 # Defined in scaling.py; importable from here too, as it always was (run folders pickle it under this name).
 from trainlib.scaling import ScalingConfig
 
@@ -99,10 +100,18 @@ class FailureConfig:
                 "a positive int, or -1 for unlimited restarts."
             )
         if self.straggler_timeout_s is not None:
-            require_number("FailureConfig", "straggler_timeout_s", self.straggler_timeout_s, minimum=0.1,
-                            fix="use a positive number of seconds (e.g. 600), or None to wait without a bound.")
-        if (isinstance(self.max_preemption_failures, bool) or not isinstance(self.max_preemption_failures, int)
-                or self.max_preemption_failures < -1):
+            require_number(
+                "FailureConfig",
+                "straggler_timeout_s",
+                self.straggler_timeout_s,
+                minimum=0.1,
+                fix="use a positive number of seconds (e.g. 600), or None to wait without a bound.",
+            )
+        if (
+            isinstance(self.max_preemption_failures, bool)
+            or not isinstance(self.max_preemption_failures, int)
+            or self.max_preemption_failures < -1
+        ):
             raise ValueError(
                 f"FailureConfig.max_preemption_failures={self.max_preemption_failures!r} is invalid: use -1 "
                 "(unlimited, the default), 0 (count preemptions as failures) or a positive int."
@@ -174,13 +183,18 @@ class RunConfig:
             raise TypeError("RunConfig.storage_options must be a dict of fsspec filesystem options.")
         if self.worker_runtime_env is not None:
             if not isinstance(self.worker_runtime_env, dict):  # ray.runtime_env.RuntimeEnv is a dict
-                raise TypeError(f"RunConfig.worker_runtime_env must be a dict (or ray.runtime_env.RuntimeEnv) such "
-                                f"as {{'env_vars': {{'NAME': 'value'}}}}, got {type(self.worker_runtime_env).__name__}.")
+                raise TypeError(
+                    f"RunConfig.worker_runtime_env must be a dict (or ray.runtime_env.RuntimeEnv) such "
+                    f"as {{'env_vars': {{'NAME': 'value'}}}}, got {type(self.worker_runtime_env).__name__}."
+                )
             env_vars = self.worker_runtime_env.get("env_vars") or {}
-            if not isinstance(env_vars, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                         for k, v in env_vars.items()):
-                raise TypeError("RunConfig.worker_runtime_env['env_vars'] must map names to strings, e.g. "
-                                "{'env_vars': {'OMP_NUM_THREADS': '2'}}: write numbers as strings.")
+            if not isinstance(env_vars, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env_vars.items()
+            ):
+                raise TypeError(
+                    "RunConfig.worker_runtime_env['env_vars'] must map names to strings, e.g. "
+                    "{'env_vars': {'OMP_NUM_THREADS': '2'}}: write numbers as strings."
+                )
         self.checkpoint_config = self.checkpoint_config or CheckpointConfig()
         self.failure_config = self.failure_config or FailureConfig()
         if not isinstance(self.checkpoint_config, CheckpointConfig):

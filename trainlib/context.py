@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from trainlib._internal.execution.session import ReportOptions, WorkerSession, get_session
 from trainlib.checkpoint import Checkpoint
@@ -86,8 +87,12 @@ class TrainContext:
     def get_storage(self) -> StorageContext:
         """The run's storage: filesystem and paths (see :class:`StorageContext`)."""
         storage = self._session.storage
-        return StorageContext(storage_filesystem=storage.fs, storage_fs_path=storage.root,
-                              experiment_dir_name=storage.name, experiment_fs_path=storage.run_path)
+        return StorageContext(
+            storage_filesystem=storage.fs,
+            storage_fs_path=storage.root,
+            experiment_dir_name=storage.name,
+            experiment_fs_path=storage.run_path,
+        )
 
     def get_metadata(self) -> dict[str, Any]:
         """The ``metadata`` dict given to the trainer (``TorchTrainer(metadata=...)``), or ``{}``."""
@@ -95,15 +100,21 @@ class TrainContext:
 
     def __repr__(self) -> str:
         i = self._info
-        return (f"TrainContext(world_rank={i.world_rank}, world_size={i.world_size}, local_rank={i.local_rank}, "
-                f"node_rank={i.node_rank}, experiment_name={self._attempt.experiment_name!r})")
+        return (
+            f"TrainContext(world_rank={i.world_rank}, world_size={i.world_size}, local_rank={i.local_rank}, "
+            f"node_rank={i.node_rank}, experiment_name={self._attempt.experiment_name!r})"
+        )
 
 
-def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, checkpoint_dir_name: str | None = None,
-           checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
-           delete_local_checkpoint_after_upload: bool | None = None,
-           checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
-           validation: Any = False) -> None:
+def report(
+    metrics: dict[str, Any],
+    checkpoint: Checkpoint | None = None,
+    checkpoint_dir_name: str | None = None,
+    checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
+    delete_local_checkpoint_after_upload: bool | None = None,
+    checkpoint_upload_fn: Callable[[Checkpoint, str], Checkpoint] | None = None,
+    validation: Any = False,
+) -> None:
     """Report metrics, and optionally a checkpoint, from every worker.
 
     Every rank must call ``report`` the same number of times. Rank 0's metrics
@@ -136,26 +147,41 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None, checkp
         RuntimeError: called outside a training worker.
     """
     if validation is not False:
-        raise ValueError(f"report(validation={validation!r}): trainlib has no asynchronous checkpoint validation "
-                         "(Ray Train's ValidationConfig). Drop validation=, and compute validation metrics in the "
-                         "training function before report(), or on the checkpoint after fit().")
+        raise ValueError(
+            f"report(validation={validation!r}): trainlib has no asynchronous checkpoint validation "
+            "(Ray Train's ValidationConfig). Drop validation=, and compute validation metrics in the "
+            "training function before report(), or on the checkpoint after fit()."
+        )
     if not isinstance(checkpoint_upload_mode, CheckpointUploadMode):
-        raise TypeError(f"report(checkpoint_upload_mode={checkpoint_upload_mode!r}): use "
-                        "trainlib.CheckpointUploadMode.SYNC, ASYNC or NO_UPLOAD.")
+        raise TypeError(
+            f"report(checkpoint_upload_mode={checkpoint_upload_mode!r}): use "
+            "trainlib.CheckpointUploadMode.SYNC, ASYNC or NO_UPLOAD."
+        )
     if checkpoint_dir_name is not None and (
-            not isinstance(checkpoint_dir_name, str) or not checkpoint_dir_name or "/" in checkpoint_dir_name
-            or "\\" in checkpoint_dir_name or checkpoint_dir_name.startswith(".")):
-        raise ValueError(f"report(checkpoint_dir_name={checkpoint_dir_name!r}) is invalid: use a plain folder name "
-                         "such as 'epoch-3' (no '/', not starting with '.').")
+        not isinstance(checkpoint_dir_name, str)
+        or not checkpoint_dir_name
+        or "/" in checkpoint_dir_name
+        or "\\" in checkpoint_dir_name
+        or checkpoint_dir_name.startswith(".")
+    ):
+        raise ValueError(
+            f"report(checkpoint_dir_name={checkpoint_dir_name!r}) is invalid: use a plain folder name "
+            "such as 'epoch-3' (no '/', not starting with '.')."
+        )
     if checkpoint_upload_fn is not None and not callable(checkpoint_upload_fn):
         raise TypeError("report(checkpoint_upload_fn=...) must be a function (checkpoint, dir_name) -> Checkpoint.")
-    options = ReportOptions(dir_name=checkpoint_dir_name, upload_mode=checkpoint_upload_mode,
-                            delete_local=delete_local_checkpoint_after_upload, upload_fn=checkpoint_upload_fn)
+    options = ReportOptions(
+        dir_name=checkpoint_dir_name,
+        upload_mode=checkpoint_upload_mode,
+        delete_local=delete_local_checkpoint_after_upload,
+        upload_fn=checkpoint_upload_fn,
+    )
     get_session("report").report(metrics, checkpoint, options)
 
 
-def get_all_reported_checkpoints(consistency_mode: CheckpointConsistencyMode = CheckpointConsistencyMode.VALIDATED,
-                                 timeout_s: float | None = None) -> list[ReportedCheckpoint]:
+def get_all_reported_checkpoints(
+    consistency_mode: CheckpointConsistencyMode = CheckpointConsistencyMode.VALIDATED, timeout_s: float | None = None
+) -> list[ReportedCheckpoint]:
     """Every checkpoint of the run still kept (earlier attempts and resumed runs included), oldest first.
 
     Waits until every ``report`` this worker made has been committed, so call it on
@@ -167,15 +193,19 @@ def get_all_reported_checkpoints(consistency_mode: CheckpointConsistencyMode = C
         timeout_s: wait at most this long (None: until the commits land).
     """
     if not isinstance(consistency_mode, CheckpointConsistencyMode):
-        raise TypeError("get_all_reported_checkpoints(consistency_mode=...) takes a trainlib.CheckpointConsistencyMode.")
+        raise TypeError(
+            "get_all_reported_checkpoints(consistency_mode=...) takes a trainlib.CheckpointConsistencyMode."
+        )
     session = get_session("get_all_reported_checkpoints")
     session.wait_committed(timeout_s)
     storage = session.storage
-    return [ReportedCheckpoint(checkpoint=Checkpoint(c.path, storage.fs), metrics=c.metrics)
-            for c in storage.committed_checkpoints()]
+    return [
+        ReportedCheckpoint(checkpoint=Checkpoint(c.path, storage.fs), metrics=c.metrics)
+        for c in storage.committed_checkpoints()
+    ]
 
 
-def get_dataset_shard(dataset_name: str | None = None) -> "DataIterator | None":
+def get_dataset_shard(dataset_name: str | None = None) -> DataIterator | None:
     """This worker's ``ray.data.DataIterator`` over the dataset ``dataset_name`` given to the trainer.
 
     Iterate it once per epoch (``iter_torch_batches(batch_size=...)``); each epoch
@@ -197,7 +227,7 @@ def get_dataset_shard(dataset_name: str | None = None) -> "DataIterator | None":
     return shards[dataset_name]
 
 
-def get_preemption_info() -> "PreemptionInfo | None":
+def get_preemption_info() -> PreemptionInfo | None:
     """The imminent preemption of a node of this run (Ray is draining it), or None.
 
     Save a checkpoint when it appears and keep training: when the node goes, the

@@ -40,11 +40,16 @@ class DataConfig:
             where possible (less cross-node traffic).
     """
 
-    def __init__(self, datasets_to_split: Literal["all"] | list[str] = "all",
-                 execution_options: "ExecutionOptions | dict[str, ExecutionOptions] | None" = None,
-                 enable_shard_locality: bool = True):
-        if not (datasets_to_split == "all" or (isinstance(datasets_to_split, list)
-                                                and all(isinstance(n, str) for n in datasets_to_split))):
+    def __init__(
+        self,
+        datasets_to_split: Literal["all"] | list[str] = "all",
+        execution_options: ExecutionOptions | dict[str, ExecutionOptions] | None = None,
+        enable_shard_locality: bool = True,
+    ):
+        if not (
+            datasets_to_split == "all"
+            or (isinstance(datasets_to_split, list) and all(isinstance(n, str) for n in datasets_to_split))
+        ):
             raise TypeError(
                 f"DataConfig(datasets_to_split={datasets_to_split!r}) is invalid: use 'all' or a list of "
                 "dataset names, e.g. ['train']."
@@ -55,8 +60,14 @@ class DataConfig:
         self._execution_options = execution_options
         self._enable_shard_locality = enable_shard_locality
 
-    def configure(self, datasets: dict[str, "Dataset"], world_size: int, worker_handles: list[Any] | None,
-                  worker_node_ids: list[str] | None, **kwargs: Any) -> list[dict[str, "DataIterator"]]:
+    def configure(
+        self,
+        datasets: dict[str, Dataset],
+        world_size: int,
+        worker_handles: list[Any] | None,
+        worker_node_ids: list[str] | None,
+        **kwargs: Any,
+    ) -> list[dict[str, DataIterator]]:
         """Assign the datasets to the workers of a newly started group; called by the driver per attempt.
 
         Returns:
@@ -78,25 +89,31 @@ class DataConfig:
                     output[rank][name] = dataset.iterator()
         return output
 
-    def _options_for(self, name: str) -> "ExecutionOptions":
+    def _options_for(self, name: str) -> ExecutionOptions:
         options = self._execution_options
         if isinstance(options, dict):
             options = options.get(name)
         return copy.deepcopy(options or self.default_ingest_options())
 
     @staticmethod
-    def default_ingest_options() -> "ExecutionOptions":
+    def default_ingest_options() -> ExecutionOptions:
         """The driver's current Ray Data execution options (limits, order, progress)."""
         from ray.data import ExecutionOptions
         from ray.data.context import DataContext
 
         current = DataContext.get_current().execution_options
-        return ExecutionOptions(resource_limits=current.resource_limits, exclude_resources=current.exclude_resources,
-                                preserve_order=current.preserve_order, verbose_progress=current.verbose_progress)
+        return ExecutionOptions(
+            resource_limits=current.resource_limits,
+            exclude_resources=current.exclude_resources,
+            preserve_order=current.preserve_order,
+            verbose_progress=current.verbose_progress,
+        )
 
     def __repr__(self) -> str:
-        return (f"DataConfig(datasets_to_split={self._datasets_to_split!r}, "
-                f"enable_shard_locality={self._enable_shard_locality})")
+        return (
+            f"DataConfig(datasets_to_split={self._datasets_to_split!r}, "
+            f"enable_shard_locality={self._enable_shard_locality})"
+        )
 
 
 def check_datasets(datasets: Any, dataset_config: Any) -> None:

@@ -22,8 +22,7 @@ class RunInUseError(RunExistsError):
 class WorkerError(TrainlibError):
     """One worker's failure: which rank, on which node, and its original traceback."""
 
-    def __init__(self, rank: int, cause: str, traceback_text: str = "", node_ip: str = "",
-                 pid: int | None = None):
+    def __init__(self, rank: int, cause: str, traceback_text: str = "", node_ip: str = "", pid: int | None = None):
         self.rank = rank
         self.cause = cause
         self.traceback_text = traceback_text
@@ -65,8 +64,12 @@ class WorkerGroupError(TrainingFailedError):
         ...     for rank, exc in error.worker_failures.items(): print(rank, repr(exc))
     """
 
-    def __init__(self, failures: list[WorkerError], max_failures: int = 0,
-                 worker_failures: dict[int, BaseException] | None = None):
+    def __init__(
+        self,
+        failures: list[WorkerError],
+        max_failures: int = 0,
+        worker_failures: dict[int, BaseException] | None = None,
+    ):
         self.failures = list(failures)
         self.max_failures = max_failures
         if worker_failures is None:
@@ -79,9 +82,7 @@ class WorkerGroupError(TrainingFailedError):
         last = self.failures[-1]
         text = f"Training failed: {last}"
         if len(self.failures) > 1 or self.max_failures:
-            attempts = "\n".join(
-                f"  attempt {i + 1}: rank {f.rank}: {f.cause}" for i, f in enumerate(self.failures)
-            )
+            attempts = "\n".join(f"  attempt {i + 1}: rank {f.rank}: {f.cause}" for i, f in enumerate(self.failures))
             text += (
                 f"\n\nThe run failed {len(self.failures)} time(s) and FailureConfig(max_failures="
                 f"{self.max_failures}) allows no more restarts. Failure history:\n{attempts}"
@@ -100,8 +101,9 @@ class ControllerError(TrainingFailedError):
     def __init__(self, controller_failure: BaseException | str):
         if isinstance(controller_failure, BaseException):
             self.controller_failure = controller_failure
-            message = f"Training failed due to a controller error: {type(controller_failure).__name__}: " \
-                      f"{controller_failure}"
+            message = (
+                f"Training failed due to a controller error: {type(controller_failure).__name__}: {controller_failure}"
+            )
         else:
             self.controller_failure = self
             message = controller_failure

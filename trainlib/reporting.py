@@ -65,6 +65,6 @@ class ReportedCheckpointStatus(enum.Enum):
 class ReportedCheckpoint:
     """A committed checkpoint of the run and the metrics reported with it."""
 
-    checkpoint: "Checkpoint"
+    checkpoint: Checkpoint
     metrics: dict[str, Any]
     status: ReportedCheckpointStatus = ReportedCheckpointStatus.COMMITTED

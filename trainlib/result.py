@@ -76,14 +76,21 @@ class Result:
         if mode not in ("min", "max"):
             raise ValueError(f"Result.get_best_checkpoint(mode={mode!r}) is invalid: use mode='min' or mode='max'.")
         if not self.best_checkpoints:
-            raise RuntimeError(f"Result.get_best_checkpoint(): the run at {self.path} kept no checkpoint: report one "
-                               "with trainlib.report(metrics, checkpoint=trainlib.Checkpoint.from_directory(folder)).")
-        scored = [(checkpoint, value) for checkpoint, metrics in self.best_checkpoints
-                  if (value := lookup_metric(metrics, metric)) is not None]
+            raise RuntimeError(
+                f"Result.get_best_checkpoint(): the run at {self.path} kept no checkpoint: report one "
+                "with trainlib.report(metrics, checkpoint=trainlib.Checkpoint.from_directory(folder))."
+            )
+        scored = [
+            (checkpoint, value)
+            for checkpoint, metrics in self.best_checkpoints
+            if (value := lookup_metric(metrics, metric)) is not None
+        ]
         if not scored:
             reported = sorted({name for _, metrics in self.best_checkpoints for name in metrics})
-            raise RuntimeError(f"Result.get_best_checkpoint(metric={metric!r}): no checkpoint was reported with that "
-                               f"metric. The checkpoints' metrics are: {reported}.")
+            raise RuntimeError(
+                f"Result.get_best_checkpoint(metric={metric!r}): no checkpoint was reported with that "
+                f"metric. The checkpoints' metrics are: {reported}."
+            )
         choose = max if mode == "max" else min
         return choose(scored, key=lambda pair: pair[1])[0]
 
@@ -92,8 +99,13 @@ class Result:
         return f"Result(metrics={self.metrics}, checkpoint={self.checkpoint}, path={self.path!r}{error})"
 
     @classmethod
-    def from_storage(cls, storage: RunStorage, checkpoint_config: CheckpointConfig,
-                     error: BaseException | None = None, filesystem: Any = None) -> "Result":
+    def from_storage(
+        cls,
+        storage: RunStorage,
+        checkpoint_config: CheckpointConfig,
+        error: BaseException | None = None,
+        filesystem: Any = None,
+    ) -> Result:
         # Commit order can differ from step order when a dead rank's reports are recovered late.
         rows = sorted(storage.read_metrics_log(), key=lambda r: (int(r.get("attempt", 0)), int(r["step"])))
         committed = storage.committed_checkpoints()
@@ -110,8 +122,9 @@ class Result:
         )
 
     @classmethod
-    def from_path(cls, path: str | os.PathLike, storage_filesystem: Any = None,
-                  storage_options: dict | None = None) -> "Result":
+    def from_path(
+        cls, path: str | os.PathLike, storage_filesystem: Any = None, storage_options: dict | None = None
+    ) -> Result:
         """Read a finished, failed or still running run back from its folder.
 
         Only committed checkpoints are listed; a folder left half-written by a
@@ -134,14 +147,20 @@ class Result:
                 error = TrainingFailedError(
                     f"The run is recorded {record.status.value} but its driver ({lease.describe()}) is gone: {gone}. "
                     "It ended without recording how (killed, or its storage failed). Its committed checkpoints are "
-                    "intact: run fit() again with the same RunConfig(name, storage_path) to resume it.")
-        return cls.from_storage(storage, CheckpointConfig(**record.checkpoint_config), error,
-                                filesystem=storage_filesystem)
+                    "intact: run fit() again with the same RunConfig(name, storage_path) to resume it."
+                )
+        return cls.from_storage(
+            storage, CheckpointConfig(**record.checkpoint_config), error, filesystem=storage_filesystem
+        )
 
 
 def _dataframe_row(row: dict[str, Any]) -> dict[str, Any]:
     """A metrics-log row as a DataFrame row: what the user reported, then trainlib's bookkeeping where it does not
     collide (a user's own "step" or "timestamp" column must not be overwritten)."""
-    bookkeeping = {"step": row["step"], "attempt": row["attempt"], "timestamp": row["time"],
-                   "checkpoint": row.get("checkpoint")}
+    bookkeeping = {
+        "step": row["step"],
+        "attempt": row["attempt"],
+        "timestamp": row["time"],
+        "checkpoint": row.get("checkpoint"),
+    }
     return {**row["metrics"], **{k: v for k, v in bookkeeping.items() if k not in row["metrics"]}}

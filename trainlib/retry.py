@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from trainlib._internal import tunables
 from trainlib._internal.util.io_faults import classify, describe_error, is_missing_bucket
@@ -54,10 +55,16 @@ def _is_io_error(exc: BaseException) -> bool:
     return isinstance(exc, OSError) or type(exc).__module__.startswith(("botocore", "aiobotocore", "s3fs"))
 
 
-def with_retries(what: str, func: Callable[[], T], *, attempts: int | None = None,
-                 base_delay_s: float | None = None, max_delay_s: float | None = None,
-                 retryable: Callable[[BaseException], bool] = is_transient,
-                 error: type[Exception] | None = StorageError) -> T:
+def with_retries(
+    what: str,
+    func: Callable[[], T],
+    *,
+    attempts: int | None = None,
+    base_delay_s: float | None = None,
+    max_delay_s: float | None = None,
+    retryable: Callable[[BaseException], bool] = is_transient,
+    error: type[Exception] | None = StorageError,
+) -> T:
     """Run ``func``; retry ``retryable`` errors with jittered exponential backoff, then raise ``error``.
 
     Args:
@@ -87,8 +94,9 @@ def with_retries(what: str, func: Callable[[], T], *, attempts: int | None = Non
                 plain_missing = isinstance(exc, FileNotFoundError) and not is_missing_bucket(exc)
                 if error is not None and retryable is is_transient and _is_io_error(exc) and not plain_missing:
                     fault = classify(exc)
-                    raise error(f"{what} failed: {fault.cause}" + (f". Fix: {fault.fix}." if fault.fix else ".")) \
-                        from None
+                    raise error(
+                        f"{what} failed: {fault.cause}" + (f". Fix: {fault.fix}." if fault.fix else ".")
+                    ) from None
                 raise
             if attempt == attempts:
                 if error is None:
@@ -97,8 +105,14 @@ def with_retries(what: str, func: Callable[[], T], *, attempts: int | None = Non
                     f"{what} failed after {attempt} attempts: {describe_error(exc)}. Check that the "
                     "storage is reachable (endpoint, network, bucket) and retry."
                 ) from None
-            logger.warning("%s failed (%s); retrying in %.1fs (attempt %d of %d)", what,
-                           redact_text(describe_error(exc)), delay, attempt, attempts)
+            logger.warning(
+                "%s failed (%s); retrying in %.1fs (attempt %d of %d)",
+                what,
+                redact_text(describe_error(exc)),
+                delay,
+                attempt,
+                attempts,
+            )
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, max_delay)
     raise AssertionError("unreachable")

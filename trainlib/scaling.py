@@ -78,8 +78,13 @@ class ScalingConfig:
                 f"ScalingConfig.num_workers={self.num_workers} is invalid: min_workers={counts[0]} must be <= "
                 f"max_workers={counts[1]}, e.g. num_workers=(1, 4)."
             )
-        require_number("ScalingConfig", "elastic_resize_monitor_interval_s", self.elastic_resize_monitor_interval_s,
-                        minimum=0, fix="use a non-negative number of seconds, e.g. 60.")
+        require_number(
+            "ScalingConfig",
+            "elastic_resize_monitor_interval_s",
+            self.elastic_resize_monitor_interval_s,
+            minimum=0,
+            fix="use a non-negative number of seconds, e.g. 60.",
+        )
         if not isinstance(self.use_gpu, bool):
             raise TypeError(f"ScalingConfig.use_gpu must be True or False, got {self.use_gpu!r}.")
         if self.resources_per_worker is not None:
@@ -91,8 +96,13 @@ class ScalingConfig:
             for key, amount in self.resources_per_worker.items():
                 if not isinstance(key, str):
                     raise TypeError(f"ScalingConfig.resources_per_worker keys must be resource names, got {key!r}.")
-                require_number("ScalingConfig", f"resources_per_worker[{key!r}]", amount, minimum=0,
-                                fix="use a non-negative amount, e.g. {'CPU': 1}.")
+                require_number(
+                    "ScalingConfig",
+                    f"resources_per_worker[{key!r}]",
+                    amount,
+                    minimum=0,
+                    fix="use a non-negative amount, e.g. {'CPU': 1}.",
+                )
             if self.resources_per_worker.get("GPU", 0) > 0 and not self.use_gpu:
                 raise ValueError(
                     f"ScalingConfig.resources_per_worker asks for GPUs ({self.resources_per_worker}) "
@@ -103,21 +113,35 @@ class ScalingConfig:
                 f"ScalingConfig.placement_strategy={self.placement_strategy!r} is invalid: use one of "
                 f"{', '.join(_PLACEMENT_STRATEGIES)}."
             )
-        require_number("ScalingConfig", "placement_timeout_s", self.placement_timeout_s, minimum=0.1,
-                        fix="use a positive number of seconds, e.g. 120.")
-        if self.accelerator_type is not None and (not isinstance(self.accelerator_type, str)
-                                                  or not self.accelerator_type.strip()):
-            raise TypeError(f"ScalingConfig.accelerator_type must be an accelerator's name such as 'A100' or 'H100', "
-                            f"got {self.accelerator_type!r}.")
+        require_number(
+            "ScalingConfig",
+            "placement_timeout_s",
+            self.placement_timeout_s,
+            minimum=0.1,
+            fix="use a positive number of seconds, e.g. 120.",
+        )
+        if self.accelerator_type is not None and (
+            not isinstance(self.accelerator_type, str) or not self.accelerator_type.strip()
+        ):
+            raise TypeError(
+                f"ScalingConfig.accelerator_type must be an accelerator's name such as 'A100' or 'H100', "
+                f"got {self.accelerator_type!r}."
+            )
         if self.label_selector is not None:
             selectors = self.label_selector if isinstance(self.label_selector, list) else [self.label_selector]
-            if not all(isinstance(s, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in s.items())
-                       for s in selectors):
-                raise TypeError(f"ScalingConfig.label_selector must be a dict of node label -> value strings, e.g. "
-                                f"{{'zone': 'us-west-2a'}}, or a list of them (one per worker), got {self.label_selector!r}.")
+            if not all(
+                isinstance(s, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in s.items())
+                for s in selectors
+            ):
+                raise TypeError(
+                    f"ScalingConfig.label_selector must be a dict of node label -> value strings, e.g. "
+                    f"{{'zone': 'us-west-2a'}}, or a list of them (one per worker), got {self.label_selector!r}."
+                )
             if isinstance(self.label_selector, list) and len(self.label_selector) != self.max_workers:
-                raise ValueError(f"ScalingConfig.label_selector is a list of {len(self.label_selector)} selectors for "
-                                 f"{self.max_workers} workers: give one per worker (max_workers), or one dict for all.")
+                raise ValueError(
+                    f"ScalingConfig.label_selector is a list of {len(self.label_selector)} selectors for "
+                    f"{self.max_workers} workers: give one per worker (max_workers), or one dict for all."
+                )
 
     @property
     def local_mode(self) -> bool:

@@ -13,7 +13,8 @@ import argparse
 import json
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.nn import CrossEntropyLoss
@@ -38,8 +39,9 @@ def build_dataset(data_root: str) -> FashionMNIST:
     return FashionMNIST(root=data_root, train=True, download=False, transform=transform)
 
 
-def train_steps(model: torch.nn.Module, loader: Any, steps: int,
-                set_epoch: Callable[[int], None] | None) -> dict[str, Any]:
+def train_steps(
+    model: torch.nn.Module, loader: Any, steps: int, set_epoch: Callable[[int], None] | None
+) -> dict[str, Any]:
     """Train for ``steps`` optimizer steps (across epochs if needed); return the timestamps."""
     criterion = CrossEntropyLoss()
     optimizer = Adam(model.parameters(), lr=LEARNING_RATE)
@@ -62,15 +64,22 @@ def train_steps(model: torch.nn.Module, loader: Any, steps: int,
             if len(step_ends) >= steps:
                 break
         epoch += 1
-    return {"first_step_start": first_step_start, "step_ends": step_ends,
-            "final_loss": float(loss.item()) if loss is not None else None}
+    return {
+        "first_step_start": first_step_start,
+        "step_ends": step_ends,
+        "final_loss": float(loss.item()) if loss is not None else None,
+    }
 
 
 def thread_info() -> dict[str, Any]:
     """What this process trains with: torch's intra-op threads and the thread variables."""
-    return {"torch_num_threads": torch.get_num_threads(), "torch_num_interop_threads": torch.get_num_interop_threads(),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
-            "pid": os.getpid()}
+    return {
+        "torch_num_threads": torch.get_num_threads(),
+        "torch_num_interop_threads": torch.get_num_interop_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
+        "pid": os.getpid(),
+    }
 
 
 def write_json(path: str, payload: dict[str, Any]) -> None:

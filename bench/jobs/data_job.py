@@ -19,9 +19,8 @@ import sys  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
-
 from common import BATCH_SIZE, build_dataset, build_model, thread_info, train_steps, write_json  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 MEAN, STD = 0.28604, 0.32025
 
@@ -29,16 +28,16 @@ MEAN, STD = 0.28604, 0.32025
 def normalise(batch: dict) -> dict:
     """The preprocessing step, run by Ray Data's tasks: uint8 rows -> normalised float images."""
     pixels = batch["data"][:, :784].astype(np.float32) / 255.0
-    return {"image": ((pixels - MEAN) / STD).reshape(-1, 1, 28, 28),
-            "label": batch["data"][:, 784].astype(np.int64)}
+    return {"image": ((pixels - MEAN) / STD).reshape(-1, 1, 28, 28), "label": batch["data"][:, 784].astype(np.int64)}
 
 
 def ray_dataset(data_root: str):
     import ray.data
 
     raw = build_dataset(data_root)
-    rows = np.concatenate([raw.data.numpy().reshape(len(raw), 784), raw.targets.numpy()[:, None].astype(np.uint8)],
-                          axis=1)
+    rows = np.concatenate(
+        [raw.data.numpy().reshape(len(raw), 784), raw.targets.numpy()[:, None].astype(np.uint8)], axis=1
+    )
     return ray.data.from_numpy(rows).map_batches(normalise, batch_size=1024)
 
 
@@ -63,14 +62,23 @@ def train_func(config):
         loader, set_epoch = _ShardBatches(lambda: api.get_dataset_shard("train")), None
     else:
         loader = api_torch.prepare_data_loader(
-            DataLoader(build_dataset(config["data_root"]), batch_size=BATCH_SIZE, shuffle=True))
+            DataLoader(build_dataset(config["data_root"]), batch_size=BATCH_SIZE, shuffle=True)
+        )
         set_epoch = loader.sampler.set_epoch if ctx.get_world_size() > 1 else None
     stamps = train_steps(model, loader, config["steps"], set_epoch)
     api.report({"loss": stamps["final_loss"]})
     if ctx.get_world_rank() == 0:
-        write_json(os.path.join(config["out"], "rank0.json"), {
-            **stamps, "train_func_enter": t_enter, "report_start": time.time(), "report_end": time.time(),
-            "world_size": ctx.get_world_size(), **thread_info()})
+        write_json(
+            os.path.join(config["out"], "rank0.json"),
+            {
+                **stamps,
+                "train_func_enter": t_enter,
+                "report_start": time.time(),
+                "report_end": time.time(),
+                "world_size": ctx.get_world_size(),
+                **thread_info(),
+            },
+        )
 
 
 def _api(framework: str):
@@ -98,18 +106,34 @@ def main():
     # CPUs of their own; with num_cpus=2 they never get one and the Ray Data runs stall (seen 2026-12-01).
     ray.init(address="local", num_cpus=4, include_dashboard=False)
     api, api_torch = _api(args.framework)
-    config = {"framework": args.framework, "input": args.input, "steps": args.steps, "data_root": args.data_root,
-              "out": args.out}
+    config = {
+        "framework": args.framework,
+        "input": args.input,
+        "steps": args.steps,
+        "data_root": args.data_root,
+        "out": args.out,
+    }
     kwargs = {"datasets": {"train": ray_dataset(args.data_root)}} if args.input == "raydata" else {}
     t_imported = time.time()
-    trainer = api_torch.TorchTrainer(train_func, train_loop_config=config,
-                                     scaling_config=api.ScalingConfig(num_workers=2),
-                                     run_config=api.RunConfig(name="bench", storage_path=args.storage), **kwargs)
+    trainer = api_torch.TorchTrainer(
+        train_func,
+        train_loop_config=config,
+        scaling_config=api.ScalingConfig(num_workers=2),
+        run_config=api.RunConfig(name="bench", storage_path=args.storage),
+        **kwargs,
+    )
     t_fit = time.time()
     trainer.fit()
-    write_json(os.path.join(args.out, "driver.json"), {
-        "start": T_START, "imported": t_imported, "fit_start": t_fit, "fit_end": time.time(),
-        "framework": f"{args.framework} + {args.input}"})
+    write_json(
+        os.path.join(args.out, "driver.json"),
+        {
+            "start": T_START,
+            "imported": t_imported,
+            "fit_start": t_fit,
+            "fit_end": time.time(),
+            "framework": f"{args.framework} + {args.input}",
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ def main() -> None:
     import trainlib.torch
 
     result = trainlib.torch.TorchTrainer(
-        train_func, train_loop_config={"data_root": args.data_root},
+        train_func,
+        train_loop_config={"data_root": args.data_root},
         scaling_config=trainlib.ScalingConfig(num_workers=2),
         run_config=trainlib.RunConfig(name=f"imports-{os.getpid()}", storage_path=args.storage),
     ).fit()

@@ -1,6 +1,6 @@
 """The benchmark job on Ray Train: 2 workers, as a user runs it (fit() starts Ray). Driver + Ray workers.
 
-    python bench/jobs/raytrain_job.py --steps 30 --data-root DIR --storage DIR --out DIR
+python bench/jobs/raytrain_job.py --steps 30 --data-root DIR --storage DIR --out DIR
 """
 
 import time
@@ -10,15 +10,20 @@ T_START = time.time()
 import os  # noqa: E402
 import tempfile  # noqa: E402
 
-import torch  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
-
 import ray  # noqa: E402
 import ray.train  # noqa: E402
 import ray.train.torch  # noqa: E402
+import torch  # noqa: E402
 from common import (  # noqa: E402
-    BATCH_SIZE, build_dataset, build_model, parse_job_args, thread_info, train_steps, write_json,
+    BATCH_SIZE,
+    build_dataset,
+    build_model,
+    parse_job_args,
+    thread_info,
+    train_steps,
+    write_json,
 )
+from torch.utils.data import DataLoader  # noqa: E402
 
 T_IMPORTED = time.time()
 
@@ -42,9 +47,17 @@ def train_func(config):
     else:
         ray.train.report(metrics)
     if ctx.get_world_rank() == 0:
-        write_json(os.path.join(config["out"], "rank0.json"), {
-            **stamps, "train_func_enter": t_enter, "report_start": t_report, "report_end": time.time(),
-            "world_size": ctx.get_world_size(), **thread_info()})
+        write_json(
+            os.path.join(config["out"], "rank0.json"),
+            {
+                **stamps,
+                "train_func_enter": t_enter,
+                "report_start": t_report,
+                "report_end": time.time(),
+                "world_size": ctx.get_world_size(),
+                **thread_info(),
+            },
+        )
 
 
 def train_version() -> str:
@@ -71,9 +84,18 @@ def main(num_workers: int = 2):
             size = os.path.getsize(os.path.join(folder, "model.pt"))
     except OSError:  # local mode returns the folder the function reported: a TemporaryDirectory, gone by now
         size = None
-    write_json(os.path.join(args.out, "driver.json"), {
-        "start": T_START, "imported": T_IMPORTED, "fit_start": t_fit, "fit_end": t_fit_end,
-        "checkpoint_bytes": size, "framework": f"Ray Train {train_version()} (ray {ray.__version__})" + (" local mode" if num_workers == 0 else "")})
+    write_json(
+        os.path.join(args.out, "driver.json"),
+        {
+            "start": T_START,
+            "imported": T_IMPORTED,
+            "fit_start": t_fit,
+            "fit_end": t_fit_end,
+            "checkpoint_bytes": size,
+            "framework": f"Ray Train {train_version()} (ray {ray.__version__})"
+            + (" local mode" if num_workers == 0 else ""),
+        },
+    )
 
 
 if __name__ == "__main__":

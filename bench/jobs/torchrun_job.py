@@ -12,12 +12,17 @@ import os  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from common import (  # noqa: E402
+    BATCH_SIZE,
+    build_dataset,
+    build_model,
+    parse_job_args,
+    thread_info,
+    train_steps,
+    write_json,
+)
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
-
-from common import (  # noqa: E402
-    BATCH_SIZE, build_dataset, build_model, parse_job_args, thread_info, train_steps, write_json,
-)
 
 T_IMPORTED = time.time()
 
@@ -40,11 +45,21 @@ def main():
         torch.save(model.module.state_dict(), os.path.join(args.storage, "model.pt"))
     dist.barrier()  # the checkpoint exists before any rank exits, as a framework's report guarantees
     if rank == 0:
-        write_json(os.path.join(args.out, "rank0.json"), {
-            **stamps, "train_func_enter": t_enter, "report_start": t_report, "report_end": time.time(),
-            "world_size": dist.get_world_size(), "start": T_START, "imported": T_IMPORTED,
-            "checkpoint_bytes": os.path.getsize(os.path.join(args.storage, "model.pt")),
-            "framework": f"torchrun (torch {torch.__version__})", **thread_info()})
+        write_json(
+            os.path.join(args.out, "rank0.json"),
+            {
+                **stamps,
+                "train_func_enter": t_enter,
+                "report_start": t_report,
+                "report_end": time.time(),
+                "world_size": dist.get_world_size(),
+                "start": T_START,
+                "imported": T_IMPORTED,
+                "checkpoint_bytes": os.path.getsize(os.path.join(args.storage, "model.pt")),
+                "framework": f"torchrun (torch {torch.__version__})",
+                **thread_info(),
+            },
+        )
     dist.destroy_process_group()
 
 

@@ -1,6 +1,6 @@
 """The benchmark job on trainlib: 2 Ray-actor workers, as a user runs it. Driver + worker actors.
 
-    python bench/jobs/trainlib_job.py --steps 30 --data-root DIR --storage DIR --out DIR
+python bench/jobs/trainlib_job.py --steps 30 --data-root DIR --storage DIR --out DIR
 """
 
 import time
@@ -11,13 +11,19 @@ import os  # noqa: E402
 import tempfile  # noqa: E402
 
 import torch  # noqa: E402
+from common import (  # noqa: E402
+    BATCH_SIZE,
+    build_dataset,
+    build_model,
+    parse_job_args,
+    thread_info,
+    train_steps,
+    write_json,
+)
 from torch.utils.data import DataLoader  # noqa: E402
 
 import trainlib  # noqa: E402
 import trainlib.torch  # noqa: E402
-from common import (  # noqa: E402
-    BATCH_SIZE, build_dataset, build_model, parse_job_args, thread_info, train_steps, write_json,
-)
 
 T_IMPORTED = time.time()
 
@@ -41,9 +47,17 @@ def train_func(config):
     else:
         trainlib.report(metrics)
     if ctx.get_world_rank() == 0:
-        write_json(os.path.join(config["out"], "rank0.json"), {
-            **stamps, "train_func_enter": t_enter, "report_start": t_report, "report_end": time.time(),
-            "world_size": ctx.get_world_size(), **thread_info()})
+        write_json(
+            os.path.join(config["out"], "rank0.json"),
+            {
+                **stamps,
+                "train_func_enter": t_enter,
+                "report_start": t_report,
+                "report_end": time.time(),
+                "world_size": ctx.get_world_size(),
+                **thread_info(),
+            },
+        )
 
 
 def main(num_workers: int = 2):
@@ -58,9 +72,17 @@ def main(num_workers: int = 2):
     result = trainer.fit()
     t_fit_end = time.time()
     checkpoint_file = os.path.join(result.checkpoint.path, "model.pt")
-    write_json(os.path.join(args.out, "driver.json"), {
-        "start": T_START, "imported": T_IMPORTED, "fit_start": t_fit, "fit_end": t_fit_end,
-        "checkpoint_bytes": os.path.getsize(checkpoint_file), "framework": f"trainlib {trainlib.__version__}" + (" local mode" if num_workers == 0 else "")})
+    write_json(
+        os.path.join(args.out, "driver.json"),
+        {
+            "start": T_START,
+            "imported": T_IMPORTED,
+            "fit_start": t_fit,
+            "fit_end": t_fit_end,
+            "checkpoint_bytes": os.path.getsize(checkpoint_file),
+            "framework": f"trainlib {trainlib.__version__}" + (" local mode" if num_workers == 0 else ""),
+        },
+    )
 
 
 if __name__ == "__main__":

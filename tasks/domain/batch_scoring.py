@@ -21,7 +21,8 @@ import io
 import os
 import threading
 import uuid
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import fsspec
 import pandas as pd
@@ -92,8 +93,13 @@ def resolve_alias(model_name: str, alias: str, tracking_uri: str) -> ResolvedMod
             f"promotes it; or point the alias at an existing version: MlflowClient().set_registered_model_alias("
             f"{model_name!r}, {alias!r}, '<version>'). ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
         ) from None
-    return ResolvedModel(name=model_name, alias=alias, version=str(version.version), tracking_uri=tracking_uri,
-                         source=client.get_model_version_download_uri(model_name, version.version))
+    return ResolvedModel(
+        name=model_name,
+        alias=alias,
+        version=str(version.version),
+        tracking_uri=tracking_uri,
+        source=client.get_model_version_download_uri(model_name, version.version),
+    )
 
 
 def requirement_mismatches(model: ResolvedModel) -> list[str]:
@@ -126,8 +132,7 @@ def requirement_mismatches(model: ResolvedModel) -> list[str]:
             except PackageNotFoundError:
                 problems.append(f"{line} (not installed)")
                 continue
-            if requirement.specifier and not requirement.specifier.contains(installed.split("+")[0],
-                                                                            prereleases=True):
+            if requirement.specifier and not requirement.specifier.contains(installed.split("+")[0], prereleases=True):
                 problems.append(f"{line} (installed: {installed})")
     return problems
 
@@ -174,11 +179,17 @@ def score_chunk(model: ResolvedModel, images: ImageSet) -> ChunkPredictions:
     """Predictions for ``images`` with the pinned version of ``model``."""
     pyfunc, loaded_now = load_model(model)
     out = pyfunc.predict(images.pixels)
-    frame = pd.DataFrame({
-        "image_id": list(images.ids), "label": out["label"].astype("int64"), "class": out["class"].astype(str),
-        "probability": out["probability"].astype("float64"), "model_name": model.name,
-        "model_version": model.version,
-    }, columns=list(PREDICTION_COLUMNS))
+    frame = pd.DataFrame(
+        {
+            "image_id": list(images.ids),
+            "label": out["label"].astype("int64"),
+            "class": out["class"].astype(str),
+            "probability": out["probability"].astype("float64"),
+            "model_name": model.name,
+            "model_version": model.version,
+        },
+        columns=list(PREDICTION_COLUMNS),
+    )
     return ChunkPredictions(frame=frame, loaded_model=loaded_now, worker_pid=os.getpid())
 
 
@@ -224,12 +235,20 @@ class ScoringSummary:
     histogram: tuple[ClassCount, ...]
 
     @classmethod
-    def of(cls, predictions: pd.DataFrame, model: ResolvedModel, output_url: str, chunks: int,
-           score_seconds: float) -> "ScoringSummary":
+    def of(
+        cls, predictions: pd.DataFrame, model: ResolvedModel, output_url: str, chunks: int, score_seconds: float
+    ) -> ScoringSummary:
         """The summary of ``predictions`` scored by ``model`` in ``chunks`` tasks and written to ``output_url``."""
-        return cls(output_url=output_url, images=len(predictions), chunks=chunks, model_name=model.name,
-                   model_version=model.version, alias=model.alias, score_seconds=score_seconds,
-                   histogram=tuple(class_histogram(predictions)))
+        return cls(
+            output_url=output_url,
+            images=len(predictions),
+            chunks=chunks,
+            model_name=model.name,
+            model_version=model.version,
+            alias=model.alias,
+            score_seconds=score_seconds,
+            histogram=tuple(class_histogram(predictions)),
+        )
 
 
 def output_format(output_url: str) -> str:
@@ -244,8 +263,9 @@ def output_format(output_url: str) -> str:
     return OUTPUT_FORMATS[extension]
 
 
-def write_predictions(predictions: pd.DataFrame, output_url: str,
-                      storage_options: Mapping[str, Any] | None = None) -> str:
+def write_predictions(
+    predictions: pd.DataFrame, output_url: str, storage_options: Mapping[str, Any] | None = None
+) -> str:
     """Write the predictions to ``output_url`` (``.parquet`` or ``.csv``; local or fsspec URL) atomically.
 
     Returns the URL written. Local files appear by rename; object stores get one whole PUT.
@@ -285,6 +305,18 @@ def read_predictions(url: str, storage_options: Mapping[str, Any] | None = None)
     return pd.read_csv(io.BytesIO(data), dtype={"image_id": str, "model_version": str})
 
 
-__all__ = ["PREDICTION_COLUMNS", "ChunkPredictions", "ClassCount", "ModelAliasError", "ResolvedModel",
-           "class_histogram", "load_model", "output_format", "read_predictions", "requirement_mismatches",
-           "resolve_alias", "score_chunk", "write_predictions"]
+__all__ = [
+    "PREDICTION_COLUMNS",
+    "ChunkPredictions",
+    "ClassCount",
+    "ModelAliasError",
+    "ResolvedModel",
+    "class_histogram",
+    "load_model",
+    "output_format",
+    "read_predictions",
+    "requirement_mismatches",
+    "resolve_alias",
+    "score_chunk",
+    "write_predictions",
+]

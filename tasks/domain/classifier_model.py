@@ -26,7 +26,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import mlflow
 import numpy as np
@@ -43,7 +44,12 @@ else:  # executed by MLflow: loading a version, whose code/ folder (code_paths) 
     except ModuleNotFoundError as exc:  # ... or saving one, from this repository
         if exc.name != "classifier_network":
             raise
-        from tasks.domain.classifier_network import ARCHITECTURE, EXPECTED_INPUT, forward_in_batches, network_with_weights
+        from tasks.domain.classifier_network import (
+            ARCHITECTURE,
+            EXPECTED_INPUT,
+            forward_in_batches,
+            network_with_weights,
+        )
 
 IMAGE_SIDE = 28
 PIXELS = IMAGE_SIDE * IMAGE_SIDE
@@ -79,7 +85,9 @@ def as_image_batch(data: Any) -> torch.Tensor:
             array = np.asarray(array.tolist(), dtype=np.float64)
         except (TypeError, ValueError):
             raise ImageInputError(f"The input holds non-numeric or ragged values; expected {EXPECTED_INPUT}.") from None
-    if array.dtype == np.bool_ or not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+    if array.dtype == np.bool_ or not (
+        np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+    ):
         raise ImageInputError(f"Input dtype {array.dtype} is not an image dtype; expected {EXPECTED_INPUT}.")
     shape = tuple(array.shape)
     if len(shape) == 2 and shape[1] == PIXELS:
@@ -94,11 +102,14 @@ def as_image_batch(data: Any) -> torch.Tensor:
     if array.dtype != np.uint8:
         low, high = float(array.min()), float(array.max())
         if not (np.isfinite(low) and np.isfinite(high)) or low < 0 or high > 255:
-            raise ImageInputError(f"Pixel values span {low:g}..{high:g}; expected values 0..255. "
-                                  f"Pass {EXPECTED_INPUT}.")
+            raise ImageInputError(
+                f"Pixel values span {low:g}..{high:g}; expected values 0..255. Pass {EXPECTED_INPUT}."
+            )
         if 0 < high <= 1:  # an image already scaled to 0..1 would be read as nearly black: refuse, not guess
-            raise ImageInputError(f"Pixel values span {low:g}..{high:g}: they look scaled to 0..1; multiply by 255. "
-                                  f"Pass {EXPECTED_INPUT}.")
+            raise ImageInputError(
+                f"Pixel values span {low:g}..{high:g}: they look scaled to 0..1; multiply by 255. "
+                f"Pass {EXPECTED_INPUT}."
+            )
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
 
 
@@ -111,8 +122,9 @@ def _to_numpy(data: Any) -> np.ndarray:
         return data.to_numpy()
     if isinstance(data, dict):
         if len(data) != 1:
-            raise ImageInputError(f"A dict input must hold one array of images, got keys {sorted(data)}; "
-                                  f"expected {EXPECTED_INPUT}.")
+            raise ImageInputError(
+                f"A dict input must hold one array of images, got keys {sorted(data)}; expected {EXPECTED_INPUT}."
+            )
         return _to_numpy(next(iter(data.values())))
     try:
         return np.asarray(data)
@@ -120,8 +132,9 @@ def _to_numpy(data: Any) -> np.ndarray:
         raise ImageInputError(f"Cannot read {type(data).__name__} as images; expected {EXPECTED_INPUT}.") from None
 
 
-def predict_probabilities(network: torch.nn.Module, images: torch.Tensor, mean: float, std: float,
-                          batch_size: int = DEFAULT_BATCH_SIZE) -> torch.Tensor:
+def predict_probabilities(
+    network: torch.nn.Module, images: torch.Tensor, mean: float, std: float, batch_size: int = DEFAULT_BATCH_SIZE
+) -> torch.Tensor:
     """Class probabilities ``[N, classes]`` of pixel-value images ``[N, 28, 28]`` (eval mode, no grad)."""
     logits = forward_in_batches(network, images, lambda batch: normalise(batch, mean, std), batch_size)
     return torch.softmax(logits.float(), dim=1)
@@ -132,12 +145,15 @@ def predictions_frame(probabilities: torch.Tensor, class_names: Sequence[str]) -
     best, labels = probabilities.max(dim=1)
     names = np.asarray(class_names, dtype=object)
     probs = probabilities.double().numpy()
-    return pd.DataFrame({
-        "label": labels.numpy().astype(np.int64),
-        "class": names[labels.numpy()],
-        "probability": best.double().numpy(),
-        "probabilities": list(probs),
-    }, columns=list(OUTPUT_COLUMNS))
+    return pd.DataFrame(
+        {
+            "label": labels.numpy().astype(np.int64),
+            "class": names[labels.numpy()],
+            "probability": best.double().numpy(),
+            "probabilities": list(probs),
+        },
+        columns=list(OUTPUT_COLUMNS),
+    )
 
 
 class ImageClassifier(mlflow.pyfunc.PythonModel):
@@ -165,8 +181,10 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
         config = dict(context.model_config or {})
         missing = [key for key in ("class_names", "mean", "std") if key not in config]
         if missing or "weights" not in context.artifacts:
-            raise MlflowException(f"This model version is incomplete: model_config lacks {missing} or the "
-                                  "'weights' artifact is missing. Re-register it with tasks.domain.model_package.")
+            raise MlflowException(
+                f"This model version is incomplete: model_config lacks {missing} or the "
+                "'weights' artifact is missing. Re-register it with tasks.domain.model_package."
+            )
         self.class_names = tuple(config["class_names"])
         self.mean, self.std = float(config["mean"]), float(config["std"])
         state = torch.load(context.artifacts["weights"], map_location="cpu", weights_only=True)
@@ -177,8 +195,9 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
             raise MlflowException("The model has no network loaded: load it with mlflow.pyfunc.load_model(uri).")
         images = as_image_batch(model_input)
         batch_size = int((params or {}).get("batch_size", DEFAULT_BATCH_SIZE))
-        return predictions_frame(predict_probabilities(self.network, images, self.mean, self.std, batch_size),
-                                 self.class_names)
+        return predictions_frame(
+            predict_probabilities(self.network, images, self.mean, self.std, batch_size), self.class_names
+        )
 
 
 # Models-from-code: MLflow executes this file when loading a version and takes this object.

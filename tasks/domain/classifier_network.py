@@ -34,8 +34,7 @@ ARCHITECTURES = {"resnet18-1ch": (7, 2, 3, 64), "resnet18-1ch-small": (3, 1, 1, 
 ARCHITECTURE = "resnet18-1ch"  # what a model_config naming no architecture holds
 # What the registered model's predict takes (classifier_model.py); here, in the file without mlflow, so that the
 # registry's descriptions (model_package.py) name it without importing mlflow.
-EXPECTED_INPUT = ("uint8 images (or float images with values 0..255) shaped [N, 28, 28], [N, 784] or "
-                  "[N, 1, 28, 28]")
+EXPECTED_INPUT = "uint8 images (or float images with values 0..255) shaped [N, 28, 28], [N, 784] or [N, 1, 28, 28]"
 
 # From this many images on, forward_in_batches scores with a ResNet18's scoring_copy: the copy costs ~15-60 ms;
 # folding its BatchNorms saves 2-10% of the scoring time, ~0.01-0.035 ms an image on 2 CPUs, and its products on
@@ -56,8 +55,9 @@ class _BasicBlock(torch.nn.Module):
         self.bn2 = torch.nn.BatchNorm2d(outputs)
         self.downsample = None
         if stride != 1 or inputs != outputs:
-            self.downsample = torch.nn.Sequential(torch.nn.Conv2d(inputs, outputs, 1, stride, bias=False),
-                                                  torch.nn.BatchNorm2d(outputs))
+            self.downsample = torch.nn.Sequential(
+                torch.nn.Conv2d(inputs, outputs, 1, stride, bias=False), torch.nn.BatchNorm2d(outputs)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shortcut = x if self.downsample is None else self.downsample(x)
@@ -87,8 +87,11 @@ class ResNet18(torch.nn.Module):
         widths = (base, 2 * base, 4 * base, 8 * base)
         for index, width in enumerate(widths):
             inputs, stride = (base, 1) if index == 0 else (widths[index - 1], 2)
-            setattr(self, f"layer{index + 1}", torch.nn.Sequential(_BasicBlock(inputs, width, stride),
-                                                                   _BasicBlock(width, width, 1)))
+            setattr(
+                self,
+                f"layer{index + 1}",
+                torch.nn.Sequential(_BasicBlock(inputs, width, stride), _BasicBlock(width, width, 1)),
+            )
         self.avgpool = torch.nn.AdaptiveAvgPool2d((1, 1))
         self.fc = torch.nn.Linear(widths[-1], num_classes)
 
@@ -101,13 +104,15 @@ class ResNet18(torch.nn.Module):
 def build_network(num_classes: int = 10, architecture: str = ARCHITECTURE) -> torch.nn.Module:
     """ResNet18 with a one-channel ``conv1`` of the given architecture (a key of :data:`ARCHITECTURES`), untrained."""
     if architecture not in ARCHITECTURES:
-        raise ValueError(f"architecture={architecture!r} is unknown: this model code builds "
-                         f"{', '.join(map(repr, ARCHITECTURES))}.")
+        raise ValueError(
+            f"architecture={architecture!r} is unknown: this model code builds {', '.join(map(repr, ARCHITECTURES))}."
+        )
     return ResNet18(num_classes, architecture)
 
 
-def network_with_weights(state: dict[str, torch.Tensor], num_classes: int = 10,
-                         architecture: str = ARCHITECTURE) -> torch.nn.Module:
+def network_with_weights(
+    state: dict[str, torch.Tensor], num_classes: int = 10, architecture: str = ARCHITECTURE
+) -> torch.nn.Module:
     """The network holding the weights ``state``, in eval mode.
 
     Built on the meta device: the random initialisation, which the weights replace at once, is not
@@ -155,24 +160,40 @@ class _SmallMapConv2d(torch.nn.Conv2d):
         out_width = (width + 2 * pad_w - kernel_w) // stride_w + 1
         weight = self.weight.detach()
         matrix = weight.new_zeros(height, width, self.in_channels, out_height, out_width, self.out_channels)
-        for row, col, out_row, out_col in itertools.product(range(height), range(width), range(out_height),
-                                                            range(out_width)):
+        for row, col, out_row, out_col in itertools.product(
+            range(height), range(width), range(out_height), range(out_width)
+        ):
             tap_row, tap_col = row - out_row * stride_h + pad_h, col - out_col * stride_w + pad_w
             if 0 <= tap_row < kernel_h and 0 <= tap_col < kernel_w:
                 matrix[row, col, :, out_row, out_col, :] = weight[:, :, tap_row, tap_col].t()
         bias = self.bias.detach() if self.bias is not None else weight.new_zeros(self.out_channels)
-        return (matrix.view(height * width * self.in_channels, -1), bias.repeat(out_height * out_width),
-                out_height, out_width)
+        return (
+            matrix.view(height * width * self.in_channels, -1),
+            bias.repeat(out_height * out_width),
+            out_height,
+            out_width,
+        )
 
     @classmethod
     def replacing(cls, conv: torch.nn.Conv2d) -> torch.nn.Conv2d:
         """``conv`` as one of these, sharing its weights; a convolution this cannot stand for, as it is."""
-        if (conv.groups != 1 or conv.dilation != (1, 1) or conv.padding_mode != "zeros"
-                or isinstance(conv.padding, str) or conv.kernel_size == (1, 1)):
+        if (
+            conv.groups != 1
+            or conv.dilation != (1, 1)
+            or conv.padding_mode != "zeros"
+            or isinstance(conv.padding, str)
+            or conv.kernel_size == (1, 1)
+        ):
             return conv
         with torch.device("meta"):
-            small = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
-                        bias=conv.bias is not None)
+            small = cls(
+                conv.in_channels,
+                conv.out_channels,
+                conv.kernel_size,
+                conv.stride,
+                conv.padding,
+                bias=conv.bias is not None,
+            )
         small.weight, small.bias = conv.weight, conv.bias
         return small
 
@@ -196,8 +217,9 @@ def scoring_copy(network: ResNet18) -> ResNet18:
     return scoring
 
 
-def forward_in_batches(network: torch.nn.Module, images: torch.Tensor,
-                       prepare: Callable[[torch.Tensor], torch.Tensor], batch_size: int) -> torch.Tensor:
+def forward_in_batches(
+    network: torch.nn.Module, images: torch.Tensor, prepare: Callable[[torch.Tensor], torch.Tensor], batch_size: int
+) -> torch.Tensor:
     """``network``'s outputs ``[N, classes]`` for ``images`` (at least one), ``batch_size`` images per forward pass.
 
     ``prepare`` turns a slice of ``images`` into the network's input. Eval mode, no autograd, channels-last weights
@@ -227,7 +249,7 @@ def forward_in_batches(network: torch.nn.Module, images: torch.Tensor,
                 if index >= len(starts) or failed.is_set():
                     return
                 try:
-                    batch = prepare(images[starts[index]:starts[index] + batch_size])
+                    batch = prepare(images[starts[index] : starts[index] + batch_size])
                     outputs[index] = network(batch.contiguous(memory_format=torch.channels_last))
                 except BaseException:
                     failed.set()

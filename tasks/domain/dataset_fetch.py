@@ -34,7 +34,7 @@ logger = logging.getLogger("trainlib")
 
 MIRRORS_ENV_VAR = "TRAINLIB_DATA_MIRRORS"
 DEFAULT_TIMEOUT_S = 60.0  # per socket operation of one HTTP download
-DEFAULT_ATTEMPTS = 3     # tries per mirror on transient errors
+DEFAULT_ATTEMPTS = 3  # tries per mirror on transient errors
 DEFAULT_BACKOFF_S = 1.0  # about the wait before the 2nd try; doubles for each further one
 CHUNK_BYTES = 1 << 20
 
@@ -51,8 +51,7 @@ class DatasetDownloadError(RuntimeError):
     Picklable: every argument is a plain string or a tuple of them.
     """
 
-    def __init__(self, message: str, dataset: str = "", filename: str = "",
-                 attempts: Iterable[tuple[str, str]] = ()):
+    def __init__(self, message: str, dataset: str = "", filename: str = "", attempts: Iterable[tuple[str, str]] = ()):
         self.message = message
         self.dataset = dataset
         self.filename = filename
@@ -149,11 +148,12 @@ def fetch_dataset(
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise DatasetDownloadError(
-            f"Cannot create the data-set cache folder {folder!r}: {exc}. Pass a writable cache_dir.",
-            dataset=spec.name) from None
+            f"Cannot create the data-set cache folder {folder!r}: {exc}. Pass a writable cache_dir.", dataset=spec.name
+        ) from None
 
-    fetcher = _Fetcher(spec.name, folder, mirror_list, timeout_s, attempts_per_mirror, backoff_s,
-                       dict(storage_options or {}))
+    fetcher = _Fetcher(
+        spec.name, folder, mirror_list, timeout_s, attempts_per_mirror, backoff_s, dict(storage_options or {})
+    )
     paths, downloaded, cached, sources = {}, [], [], {}
     for filename, md5 in expected.items():
         path = os.path.join(folder, filename)
@@ -166,10 +166,16 @@ def fetch_dataset(
             logger.warning("Cached %s has md5 %s, expected %s; downloading it again.", path, actual, md5)
         sources[filename] = fetcher.fetch(filename, md5, path)
         downloaded.append(filename)
-    logger.info("Data set %s in %s: %d file(s) downloaded, %d cached.", spec.name, folder,
-                len(downloaded), len(cached))
-    return DatasetFiles(name=spec.name, folder=folder, paths=paths, md5s=dict(expected),
-                        downloaded=tuple(downloaded), cached=tuple(cached), sources=sources)
+    logger.info("Data set %s in %s: %d file(s) downloaded, %d cached.", spec.name, folder, len(downloaded), len(cached))
+    return DatasetFiles(
+        name=spec.name,
+        folder=folder,
+        paths=paths,
+        md5s=dict(expected),
+        downloaded=tuple(downloaded),
+        cached=tuple(cached),
+        sources=sources,
+    )
 
 
 def _expected_md5s(spec: DatasetSpec, md5s: Mapping[str, str] | None) -> dict[str, str]:
@@ -192,8 +198,9 @@ def _resolve_mirrors(spec: DatasetSpec, mirrors: Iterable[str] | str | None) -> 
         mirrors = os.fspath(mirrors).split(",")
     result = [os.fspath(m).strip() for m in mirrors if os.fspath(m).strip()]
     if not result:
-        raise ValueError(f"mirrors={mirrors!r} holds no mirror. Pass base URLs or local folders, or None "
-                         "for the official mirrors.")
+        raise ValueError(
+            f"mirrors={mirrors!r} holds no mirror. Pass base URLs or local folders, or None for the official mirrors."
+        )
     return result
 
 
@@ -206,8 +213,16 @@ def _file_url(mirror: str, filename: str) -> str:
 class _Fetcher:
     """Fetches files of one data set from its mirrors; remembers mirrors found down."""
 
-    def __init__(self, dataset: str, folder: str, mirrors: list[str], timeout_s: float,
-                 attempts: int, backoff_s: float, storage_options: dict[str, Any]):
+    def __init__(
+        self,
+        dataset: str,
+        folder: str,
+        mirrors: list[str],
+        timeout_s: float,
+        attempts: int,
+        backoff_s: float,
+        storage_options: dict[str, Any],
+    ):
         self.dataset = dataset
         self.folder = folder
         self.mirrors = mirrors
@@ -238,10 +253,10 @@ class _Fetcher:
                     continue
                 if actual != md5:
                     mismatches += 1
-                    tried.append((shown, f"checksum mismatch for {filename}: expected md5 {md5}, "
-                                         f"got {actual}"))
-                    logger.warning("%s from %s: expected md5 %s, got %s; trying the next mirror.",
-                                   filename, shown, md5, actual)
+                    tried.append((shown, f"checksum mismatch for {filename}: expected md5 {md5}, got {actual}"))
+                    logger.warning(
+                        "%s from %s: expected md5 %s, got %s; trying the next mirror.", filename, shown, md5, actual
+                    )
                     continue
                 os.replace(tmp, dest)
                 logger.info("Downloaded %s from %s (md5 ok).", filename, shown)
@@ -252,17 +267,24 @@ class _Fetcher:
         lines = "\n".join(f"  - {url}: {error}" for url, error in tried)
         advice = []
         if mismatches < len(tried):
-            advice.append(f"Check the network (proxy, firewall) and the URLs, or pass mirrors=[...] or set "
-                          f"{MIRRORS_ENV_VAR} to reachable mirrors; a local folder holding the files works "
-                          "as a mirror.")
+            advice.append(
+                f"Check the network (proxy, firewall) and the URLs, or pass mirrors=[...] or set "
+                f"{MIRRORS_ENV_VAR} to reachable mirrors; a local folder holding the files works "
+                "as a mirror."
+            )
         if mismatches:
-            advice.append("A checksum mismatch means the mirror serves a different or corrupt file: fix or "
-                          "drop that mirror, or, for generated or staged data, pass md5s= with the right "
-                          "checksums.")
+            advice.append(
+                "A checksum mismatch means the mirror serves a different or corrupt file: fix or "
+                "drop that mirror, or, for generated or staged data, pass md5s= with the right "
+                "checksums."
+            )
         raise DatasetDownloadError(
             f"Could not fetch {filename} of data set {self.dataset!r} with md5 {md5} from any of "
             f"{len(tried)} mirror(s):\n{lines}\n" + "\n".join(advice),
-            dataset=self.dataset, filename=filename, attempts=tried)
+            dataset=self.dataset,
+            filename=filename,
+            attempts=tried,
+        )
 
     def _download(self, url: str, tmp: str) -> tuple[str | None, str | None, bool]:
         """Copy ``url`` to ``tmp``, retrying transient errors: ``(md5, error, error_was_transient)``."""
@@ -274,8 +296,18 @@ class _Fetcher:
             return _copy_to(url, tmp, self.timeout_s, self.storage_options)
 
         try:
-            return with_retries(f"Fetching {mask_url(url)}", copy, attempts=self.attempts,
-                                base_delay_s=self.backoff_s, max_delay_s=math.inf, error=None), None, False
+            return (
+                with_retries(
+                    f"Fetching {mask_url(url)}",
+                    copy,
+                    attempts=self.attempts,
+                    base_delay_s=self.backoff_s,
+                    max_delay_s=math.inf,
+                    error=None,
+                ),
+                None,
+                False,
+            )
         except Exception as exc:  # noqa: BLE001 - reported with every other mirror's error
             error = describe_error(exc).replace(url, mask_url(url))
             if not is_transient(exc):
@@ -335,5 +367,4 @@ def is_transient_download_failure(exc: BaseException | None) -> bool:
         return False
     # fetch_dataset marks a mirror that stayed unreachable through its retries with
     # "(after N attempt(s))", and later files skip it as "unreachable earlier".
-    return all(error.endswith("attempt(s))") or error.startswith("skipped, unreachable")
-               for _, error in exc.attempts)
+    return all(error.endswith("attempt(s))") or error.startswith("skipped, unreachable") for _, error in exc.attempts)

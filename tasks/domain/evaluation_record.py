@@ -18,8 +18,9 @@ from tasks.domain.plots import plot_confusion_matrix, plot_learning_curve
 MLFLOW_ARTIFACT_DIR = "evaluation"
 
 
-def log_evaluation_to_mlflow(report: EvaluationReport, history: list[dict], run_id: str,
-                             tracking_uri: str | None) -> list[str]:
+def log_evaluation_to_mlflow(
+    report: EvaluationReport, history: list[dict], run_id: str, tracking_uri: str | None
+) -> list[str]:
     """Log test metrics, the pictures and the report's JSON to MLflow run ``run_id``; return the file names."""
     from mlflow import MlflowClient
     from mlflow.entities import Metric
@@ -33,9 +34,17 @@ def log_evaluation_to_mlflow(report: EvaluationReport, history: list[dict], run_
             os.path.basename(plot_learning_curve(history, os.path.join(folder, "learning_curve.png"))),
         ]
         with open(os.path.join(folder, "test_report.json"), "w") as f:
-            json.dump({"accuracy": report.accuracy, "loss": report.loss, "num_images": report.num_images,
-                       "per_class_accuracy": report.per_class_accuracy,
-                       "confusion_matrix": report.confusion_matrix}, f, indent=1)
+            json.dump(
+                {
+                    "accuracy": report.accuracy,
+                    "loss": report.loss,
+                    "num_images": report.num_images,
+                    "per_class_accuracy": report.per_class_accuracy,
+                    "confusion_matrix": report.confusion_matrix,
+                },
+                f,
+                indent=1,
+            )
         with open(os.path.join(folder, "test_report.md"), "w") as f:
             f.write(report.markdown())
         names += ["test_report.json", "test_report.md"]

@@ -65,10 +65,10 @@ class PipelineHome:
         prefix = "sqlite:///"
         if not self.mlflow_tracking_uri.startswith(prefix):
             return None
-        return os.path.join(os.path.dirname(self.mlflow_tracking_uri[len(prefix):]), "mlartifacts")
+        return os.path.join(os.path.dirname(self.mlflow_tracking_uri[len(prefix) :]), "mlartifacts")
 
     @classmethod
-    def resolve(cls, root: str | None = None, environ: Mapping[str, str] | None = None) -> "PipelineHome":
+    def resolve(cls, root: str | None = None, environ: Mapping[str, str] | None = None) -> PipelineHome:
         """The home from ``root`` (else ``TRAINLIB_HOME``, else ``~/.trainlib``) and the environment's overrides."""
         env = os.environ if environ is None else environ
         home = expand_path(root or env.get(HOME_ENV_VAR) or DEFAULT_HOME)

@@ -27,8 +27,9 @@ SPLIT_FILES = {
 }
 
 
-def load_fashion_mnist_split(folder: str | os.PathLike, train: bool,
-                             limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def load_fashion_mnist_split(
+    folder: str | os.PathLike, train: bool, limit: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Read one split of (Fashion-)MNIST from its idx files in ``folder``.
 
     Reads ``train-*`` or ``t10k-*`` ``images-idx3-ubyte`` and ``labels-idx1-ubyte``,
@@ -57,8 +58,10 @@ def load_fashion_mnist_split(folder: str | os.PathLike, train: bool,
     images_dims, images_data = _read_idx(find_idx_file(folder, images_name), IMAGES_MAGIC, limit)
     labels_dims, labels_data = _read_idx(find_idx_file(folder, labels_name), LABELS_MAGIC, limit)
     if images_dims[0] != labels_dims[0]:
-        raise ValueError(f"{folder}: {images_name} holds {images_dims[0]} images but {labels_name} "
-                         f"{labels_dims[0]} labels; the files are from different data sets. Fetch them again.")
+        raise ValueError(
+            f"{folder}: {images_name} holds {images_dims[0]} images but {labels_name} "
+            f"{labels_dims[0]} labels; the files are from different data sets. Fetch them again."
+        )
     n = len(labels_data)
     images = torch.frombuffer(bytearray(images_data), dtype=torch.uint8).view(n, *images_dims[1:])
     labels = torch.frombuffer(bytearray(labels_data), dtype=torch.uint8).to(torch.int64)
@@ -71,8 +74,10 @@ def find_idx_file(folder: str | os.PathLike, gz_name: str) -> str:
         path = os.path.join(os.fspath(folder), candidate)
         if os.path.isfile(path):
             return path
-    raise FileNotFoundError(f"{gz_name} (or its decompressed form) is not in {os.fspath(folder)!r}. "
-                            "Run fetch_dataset first and pass its .folder.")
+    raise FileNotFoundError(
+        f"{gz_name} (or its decompressed form) is not in {os.fspath(folder)!r}. "
+        "Run fetch_dataset first and pass its .folder."
+    )
 
 
 def check_idx_magic(path: str, head: bytes, magic: int) -> int:
@@ -84,9 +89,11 @@ def check_idx_magic(path: str, head: bytes, magic: int) -> int:
     if len(head) < 4 or struct.unpack(">I", head[:4])[0] != magic:
         got = f"0x{struct.unpack('>I', head[:4])[0]:08x}" if len(head) >= 4 else f"{len(head)} byte(s)"
         kind = "image" if magic == IMAGES_MAGIC else "label"
-        raise ValueError(f"{path} is not an idx {kind} file: magic number {got}, expected 0x{magic:08x}. "
-                         "The file is corrupt or of another data set; delete it and run fetch_dataset "
-                         "again (it checks md5s).")
+        raise ValueError(
+            f"{path} is not an idx {kind} file: magic number {got}, expected 0x{magic:08x}. "
+            "The file is corrupt or of another data set; delete it and run fetch_dataset "
+            "again (it checks md5s)."
+        )
     return magic & 0xFF
 
 
@@ -104,14 +111,14 @@ def _read_idx(path: str, magic: int, limit: int | None) -> tuple[tuple[int, ...]
             want = count * math.prod(dims[1:])
             data = f.read(want)
             if len(data) != want:
-                raise ValueError(f"the header says {dims[0]} items of shape {list(dims[1:])} but the data "
-                                 "ends early")
+                raise ValueError(f"the header says {dims[0]} items of shape {list(dims[1:])} but the data ends early")
             # Reading to the end also makes gzip check the file's CRC.
             if count == dims[0] and f.read(1):
                 raise ValueError("there are bytes after the data the header announces")
     except (OSError, EOFError, zlib.error, ValueError) as exc:
         if isinstance(exc, ValueError) and str(exc).startswith(path):
             raise
-        raise ValueError(f"{path} is corrupt ({type(exc).__name__}: {exc}). Delete it and run "
-                         "fetch_dataset again (it checks md5s).") from None
+        raise ValueError(
+            f"{path} is corrupt ({type(exc).__name__}: {exc}). Delete it and run fetch_dataset again (it checks md5s)."
+        ) from None
     return (count, *dims[1:]), data

@@ -19,7 +19,8 @@ import io
 import posixpath
 import struct
 import zlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -28,8 +29,10 @@ from tasks.domain.urls import mask_url
 
 IDX_IMAGES_MAGIC = 0x00000803
 SIDE = 28
-ACCEPTED = ("an idx image file (e.g. t10k-images-idx3-ubyte.gz), a .npy array of uint8 images [N, 28, 28] "
-            "(or [N, 784], [N, 1, 28, 28]), or a folder of 28x28 PNG images")
+ACCEPTED = (
+    "an idx image file (e.g. t10k-images-idx3-ubyte.gz), a .npy array of uint8 images [N, 28, 28] "
+    "(or [N, 784], [N, 1, 28, 28]), or a folder of 28x28 PNG images"
+)
 
 
 class ImageSourceError(ValueError):
@@ -53,7 +56,7 @@ class ImageSet:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def chunk(self, start: int, stop: int) -> "ImageSet":
+    def chunk(self, start: int, stop: int) -> ImageSet:
         """Images ``start:stop`` (a view, no copy)."""
         return ImageSet(self.source, self.ids[start:stop], self.pixels[start:stop])
 
@@ -68,14 +71,17 @@ def read_images(url: str, storage_options: Mapping[str, Any] | None = None) -> I
     try:
         fs, path = fsspec.core.url_to_fs(source, **dict(storage_options or {}))
     except (ImportError, ValueError) as exc:
-        raise ImageSourceError(f"Cannot open {url}: {type(exc).__name__}: {exc}. Pass a local path or an fsspec "
-                               "URL whose package is installed (s3:// needs s3fs).") from None
+        raise ImageSourceError(
+            f"Cannot open {url}: {type(exc).__name__}: {exc}. Pass a local path or an fsspec "
+            "URL whose package is installed (s3:// needs s3fs)."
+        ) from None
     try:
         is_dir = fs.isdir(path)
         exists = is_dir or fs.exists(path)
     except Exception as exc:  # noqa: BLE001 - storage errors become one clear message
-        raise ImageSourceError(f"Cannot reach {url}: {type(exc).__name__}: {exc}. Check the URL and the storage "
-                               "credentials / endpoint.") from None
+        raise ImageSourceError(
+            f"Cannot reach {url}: {type(exc).__name__}: {exc}. Check the URL and the storage credentials / endpoint."
+        ) from None
     if not exists:
         raise ImageSourceError(f"The scoring input {url} does not exist. Pass {ACCEPTED}.")
     if is_dir:
@@ -109,8 +115,10 @@ def _from_idx(data: bytes, url: str) -> np.ndarray:
         raise ImageSourceError(f"{url} holds {rows}x{cols} images; the model takes 28x28.")
     body = data[16:]
     if len(body) != n * rows * cols:
-        raise ImageSourceError(f"{url} is truncated: its header announces {n} images ({n * rows * cols} bytes), "
-                               f"it holds {len(body)} bytes. Copy the file again.")
+        raise ImageSourceError(
+            f"{url} is truncated: its header announces {n} images ({n * rows * cols} bytes), "
+            f"it holds {len(body)} bytes. Copy the file again."
+        )
     return np.frombuffer(body, dtype=np.uint8).reshape(n, SIDE, SIDE)
 
 
@@ -122,8 +130,9 @@ def _from_npy(data: bytes, url: str) -> np.ndarray:
     if array.ndim == 2 and array.shape[1] == SIDE * SIDE or array.ndim == 4 and array.shape[1:] == (1, SIDE, SIDE):
         array = array.reshape(len(array), SIDE, SIDE)
     if array.ndim != 3 or array.shape[1:] != (SIDE, SIDE):
-        raise ImageSourceError(f"{url} holds an array of shape {list(array.shape)}; expected [N, 28, 28], [N, 784] "
-                               "or [N, 1, 28, 28].")
+        raise ImageSourceError(
+            f"{url} holds an array of shape {list(array.shape)}; expected [N, 28, 28], [N, 784] or [N, 1, 28, 28]."
+        )
     if array.dtype != np.uint8:
         if not np.issubdtype(array.dtype, np.number) or array.size and (array.min() < 0 or array.max() > 255):
             raise ImageSourceError(f"{url} holds {array.dtype} values outside 0..255; expected uint8 pixels.")
@@ -144,8 +153,10 @@ def _read_png_folder(fs: Any, path: str, url: str) -> tuple[tuple[str, ...], np.
         except (UnidentifiedImageError, OSError) as exc:
             raise ImageSourceError(f"{url}: {posixpath.basename(name)} is not a readable PNG ({exc}).") from None
         if image.size != (SIDE, SIDE):
-            raise ImageSourceError(f"{url}: {posixpath.basename(name)} is {image.size[0]}x{image.size[1]}; the model "
-                                   "takes 28x28 grayscale images.")
+            raise ImageSourceError(
+                f"{url}: {posixpath.basename(name)} is {image.size[0]}x{image.size[1]}; the model "
+                "takes 28x28 grayscale images."
+            )
         images.append(np.asarray(image.convert("L"), dtype=np.uint8))
     pixels = np.stack(images) if images else np.zeros((0, SIDE, SIDE), dtype=np.uint8)
     return tuple(posixpath.basename(n) for n in names), pixels

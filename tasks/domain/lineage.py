@@ -65,8 +65,13 @@ def log_dataset_input(run_id: str, identity: DatasetIdentity, tracking_uri: str,
     from mlflow.entities import Dataset, DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-    dataset = Dataset(name=identity.name, digest=identity.digest, source_type="url" if "://" in identity.source
-                      else "local", source=json.dumps({"url": identity.source}),
-                      profile=json.dumps({"files": dict(identity.md5s)}))
+    dataset = Dataset(
+        name=identity.name,
+        digest=identity.digest,
+        source_type="url" if "://" in identity.source else "local",
+        source=json.dumps({"url": identity.source}),
+        profile=json.dumps({"files": dict(identity.md5s)}),
+    )
     MlflowClient(tracking_uri=tracking_uri).log_inputs(
-        run_id, datasets=[DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+        run_id, datasets=[DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])]
+    )

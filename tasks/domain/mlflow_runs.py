@@ -24,8 +24,12 @@ def find_run_id(tracking_uri: str, experiment_name: str, run_name: str) -> str |
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:
         return None
-    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
+    runs = client.search_runs(
+        [experiment.experiment_id],
+        filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     return runs[0].info.run_id if runs else None
 
 

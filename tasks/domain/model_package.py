@@ -33,8 +33,8 @@ import os
 import sys
 import tempfile
 import types
-from collections.abc import Iterator
-from typing import Any, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -108,51 +108,69 @@ class ModelCard:
 
     def model_config(self) -> dict[str, Any]:
         """What ``classifier_model.ImageClassifier.load_context`` reads."""
-        return {"class_names": list(self.names()), "mean": self.mean, "std": self.std,
-                "architecture": self.architecture}
+        return {
+            "class_names": list(self.names()),
+            "mean": self.mean,
+            "std": self.std,
+            "architecture": self.architecture,
+        }
 
     def metadata(self) -> dict[str, Any]:
         """The MLmodel ``metadata``: input/output contract, data set identity, recipe."""
         return {
             "input": EXPECTED_INPUT,
             "output": "one row per image: label (int), class (str), probability (float), probabilities "
-                      f"({len(self.names())} floats, in label order)",
+            f"({len(self.names())} floats, in label order)",
             "class_names": list(self.names()),
             "normalisation": {"mean": self.mean, "std": self.std, "scale": "pixel / 255"},
-            "dataset": {"name": self.dataset.name, "digest": self.dataset.digest, "source": self.dataset.source,
-                        "md5s": dict(self.dataset.md5s)},
+            "dataset": {
+                "name": self.dataset.name,
+                "digest": self.dataset.digest,
+                "source": self.dataset.source,
+                "md5s": dict(self.dataset.md5s),
+            },
             "recipe": dict(self.recipe),
         }
 
     def tags(self) -> dict[str, str]:
         """Version tags: data set, recipe."""
-        tags = {"dataset": self.dataset.name, "dataset_md5": self.dataset.digest,
-                "dataset_source": self.dataset.source, "recipe": str(self.recipe.get("name", "unknown")),
-                "recipe_settings": json.dumps(dict(self.recipe), sort_keys=True)}
+        tags = {
+            "dataset": self.dataset.name,
+            "dataset_md5": self.dataset.digest,
+            "dataset_source": self.dataset.source,
+            "recipe": str(self.recipe.get("name", "unknown")),
+            "recipe_settings": json.dumps(dict(self.recipe), sort_keys=True),
+        }
         return {k: v[:5000] for k, v in tags.items()}
 
     def version_description(self) -> str:
         accuracy = "" if self.test_accuracy is None else f" Test accuracy {self.test_accuracy:.2%}."
         recipe = ", ".join(f"{k}={v}" for k, v in sorted(self.recipe.items()))
-        return (f"ResNet18 ({self.architecture}) trained on {self.dataset.name} (md5 {self.dataset.digest}, "
-                f"from {self.dataset.source}) with recipe: {recipe or 'unknown'}.{accuracy}\n\n{contract_text(self.names())}")
+        return (
+            f"ResNet18 ({self.architecture}) trained on {self.dataset.name} (md5 {self.dataset.digest}, "
+            f"from {self.dataset.source}) with recipe: {recipe or 'unknown'}.{accuracy}\n\n{contract_text(self.names())}"
+        )
 
 
 def contract_text(class_names: tuple[str, ...]) -> str:
     """What goes in and what comes out, for the registry's descriptions."""
     classes = ", ".join(f"{i}={name}" for i, name in enumerate(class_names))
-    return (f"Input: {EXPECTED_INPUT}, any batch size (numpy, torch, nested lists, or JSON "
-            '{"inputs": [...]} to mlflow models serve).\n'
-            "Output: one row per image: label (int), class, probability (of the label), probabilities "
-            f"(all classes, in label order). Classes: {classes}.\n"
-            "Use: mlflow.pyfunc.load_model('models:/<name>@champion').predict(images); the torch.nn.Module: "
-            "mlflow.pyfunc.load_model(uri).unwrap_python_model().network, or mlflow.pytorch.load_model(uri) with "
-            "MLFLOW_ALLOW_PICKLE_DESERIALIZATION=true.")
+    return (
+        f"Input: {EXPECTED_INPUT}, any batch size (numpy, torch, nested lists, or JSON "
+        '{"inputs": [...]} to mlflow models serve).\n'
+        "Output: one row per image: label (int), class, probability (of the label), probabilities "
+        f"(all classes, in label order). Classes: {classes}.\n"
+        "Use: mlflow.pyfunc.load_model('models:/<name>@champion').predict(images); the torch.nn.Module: "
+        "mlflow.pyfunc.load_model(uri).unwrap_python_model().network, or mlflow.pytorch.load_model(uri) with "
+        "MLFLOW_ALLOW_PICKLE_DESERIALIZATION=true."
+    )
 
 
 def registered_model_description(class_names: tuple[str, ...]) -> str:
-    return ("Image classifier for 28x28 grayscale images (ResNet18 with one input channel); each version carries "
-            f"its normalisation, class names and data set identity.\n\n{contract_text(class_names)}")
+    return (
+        "Image classifier for 28x28 grayscale images (ResNet18 with one input channel); each version carries "
+        f"its normalisation, class names and data set identity.\n\n{contract_text(class_names)}"
+    )
 
 
 def signature() -> Any:
@@ -165,9 +183,17 @@ def signature() -> Any:
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, Schema
 
-    return ModelSignature(inputs=None, outputs=Schema([
-        ColSpec("long", "label"), ColSpec("string", "class"), ColSpec("double", "probability"),
-        ColSpec(Array("double"), "probabilities")]))
+    return ModelSignature(
+        inputs=None,
+        outputs=Schema(
+            [
+                ColSpec("long", "label"),
+                ColSpec("string", "class"),
+                ColSpec("double", "probability"),
+                ColSpec(Array("double"), "probabilities"),
+            ]
+        ),
+    )
 
 
 def input_example() -> Any:
@@ -185,8 +211,12 @@ def pip_requirements() -> list[str]:
     import pandas
 
     # No torchvision: the model file defines the network itself.
-    return [f"mlflow=={mlflow.__version__}", f"torch=={torch.__version__.split('+')[0]}",
-            f"numpy=={numpy.__version__}", f"pandas=={pandas.__version__}"]
+    return [
+        f"mlflow=={mlflow.__version__}",
+        f"torch=={torch.__version__.split('+')[0]}",
+        f"numpy=={numpy.__version__}",
+        f"pandas=={pandas.__version__}",
+    ]
 
 
 @contextlib.contextmanager
@@ -247,15 +277,23 @@ def save_model(network: torch.nn.Module, card: ModelCard, path: str, mlflow_mode
         raise ValueError(
             f"The network's weights do not fit ModelCard.architecture={card.architecture!r} "
             f"({str(exc).splitlines()[0]}). Pass ModelCard(architecture=...) naming the network that was "
-            "trained (the recipe's architecture).") from None
+            "trained (the recipe's architecture)."
+        ) from None
     with tempfile.TemporaryDirectory() as scratch, _requirements_of_this_environment():
         weights = os.path.join(scratch, "weights.pt")
         torch.save(network.state_dict(), weights)
         mlflow.pyfunc.save_model(
-            path=path, python_model=CODE_PATH, code_paths=[NETWORK_PATH], artifacts={"weights": weights},
+            path=path,
+            python_model=CODE_PATH,
+            code_paths=[NETWORK_PATH],
+            artifacts={"weights": weights},
             model_config=card.model_config(),
-            signature=signature(), input_example=input_example(), pip_requirements=pip_requirements(),
-            metadata=card.metadata(), mlflow_model=mlflow_model)
+            signature=signature(),
+            input_example=input_example(),
+            pip_requirements=pip_requirements(),
+            metadata=card.metadata(),
+            mlflow_model=mlflow_model,
+        )
     # The pytorch flavor: the whole module, as mlflow.pytorch.save_model writes it. Its classes are the network
     # file's, pickled under that file's own name; the file is in the code folder (the pyfunc's code_paths), which
     # mlflow.pytorch.load_model puts on sys.path: a process without this repository (or torchvision) unpickles it.
@@ -280,8 +318,14 @@ class RegisteredVersion:
     run_id: str | None
 
 
-def log_and_register(network: torch.nn.Module, card: ModelCard, model_name: str, run_id: str | None,
-                     tracking_uri: str, tags: Mapping[str, str] | None = None) -> RegisteredVersion:
+def log_and_register(
+    network: torch.nn.Module,
+    card: ModelCard,
+    model_name: str,
+    run_id: str | None,
+    tracking_uri: str,
+    tags: Mapping[str, str] | None = None,
+) -> RegisteredVersion:
     """Log the packaged model into MLflow run ``run_id`` and register it as a new version of ``model_name``.
 
     Sets the registered model's and the version's descriptions; the version is created with its data
@@ -302,11 +346,18 @@ def log_and_register(network: torch.nn.Module, card: ModelCard, model_name: str,
         # No validate_serving_input: MLflow would load the model it has just written and predict the input
         # example (~1 s of CPU), a check the tests make on every loader; a failure there is only a warning.
         info = mlflow.models.Model.log(
-            artifact_path=None, name=MODEL_ARTIFACT_NAME, flavor=_ClassifierFlavor(network, card),
-            flavor_name="python_function", registered_model_name=model_name, run_id=run_id,
-            tags={**card.tags(), **(tags or {})}, validate_serving_input=False)
+            artifact_path=None,
+            name=MODEL_ARTIFACT_NAME,
+            flavor=_ClassifierFlavor(network, card),
+            flavor_name="python_function",
+            registered_model_name=model_name,
+            run_id=run_id,
+            tags={**card.tags(), **(tags or {})},
+            validate_serving_input=False,
+        )
     version = str(info.registered_model_version)
     client.update_registered_model(model_name, description=registered_model_description(card.names()))
     client.update_model_version(model_name, version, description=card.version_description())
-    return RegisteredVersion(name=model_name, version=version, model_uri=f"models:/{model_name}/{version}",
-                             run_id=run_id)
+    return RegisteredVersion(
+        name=model_name, version=version, model_uri=f"models:/{model_name}/{version}", run_id=run_id
+    )

@@ -32,7 +32,6 @@ from tasks.domain.evaluation import EvaluationReport, evaluate_model
 from tasks.domain.idx_files import load_fashion_mnist_split
 from tasks.domain.model_package import ModelCard, log_and_register
 from tasks.domain.network import load_model, to_inputs
-from tasks.domain.staging import StagedDataset, fetch_staged
 from tasks.domain.promotion import (
     ACCURACY_TAG,
     CHALLENGER_ALIAS,
@@ -46,6 +45,7 @@ from tasks.domain.promotion import (
     PromotionDecision,
     decide_promotion,
 )
+from tasks.domain.staging import StagedDataset, fetch_staged
 from tasks.domain.training_run import TrainingOutcome
 
 
@@ -99,8 +99,9 @@ def champion_model_version(client: Any, model_name: str) -> Any | None:
         return None
 
 
-def score_champion(model_name: str, tracking_uri: str, images: torch.Tensor, labels: torch.Tensor,
-                   test_data_md5: str | None = None) -> ChampionScore:
+def score_champion(
+    model_name: str, tracking_uri: str, images: torch.Tensor, labels: torch.Tensor, test_data_md5: str | None = None
+) -> ChampionScore:
     """The current champion's accuracy on uint8 ``images [N, 28, 28]``, through its registered pyfunc model.
 
     The champion is loaded and predicts the first :data:`PROBE_IMAGES` images. When its version records an
@@ -130,15 +131,17 @@ def score_champion(model_name: str, tracking_uri: str, images: torch.Tensor, lab
             return ChampionScore(version=str(version.version), accuracy=recorded, recorded=True)
         predicted = model.predict(images.numpy())["label"].to_numpy()
     except Exception as exc:  # noqa: BLE001 - any failure means "cannot be compared", with the reason kept
-        return ChampionScore(version=str(version.version),
-                             error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+        return ChampionScore(
+            version=str(version.version), error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        )
     accuracy = float((torch.as_tensor(predicted.copy()) == labels).double().mean())
     _record_probe(version, test_data_md5, len(images), probe, accuracy, tracking_uri)
     return ChampionScore(version=str(version.version), accuracy=accuracy)
 
 
-def _record_probe(version: Any, test_data_md5: str | None, num_images: int, probe: str, accuracy: float,
-                  tracking_uri: str) -> None:
+def _record_probe(
+    version: Any, test_data_md5: str | None, num_images: int, probe: str, accuracy: float, tracking_uri: str
+) -> None:
     """Record ``probe`` on a champion just scored on every image to the accuracy its tags hold for these files.
 
     A champion registered before probes were recorded (or whose tag was lost) then takes the short path from
@@ -167,8 +170,7 @@ def probe_digest(network: torch.nn.Module, images: torch.Tensor) -> str:
     return label_digest(logits.argmax(1))
 
 
-def recorded_accuracy(tags: dict[str, str], test_data_md5: str | None, num_images: int,
-                      probe: str) -> float | None:
+def recorded_accuracy(tags: dict[str, str], test_data_md5: str | None, num_images: int, probe: str) -> float | None:
     """The accuracy a version's tags record for these test files and this many images, if its probe is ``probe``.
 
     Exact: ``k / num_images``, recovered from the 6-decimal tag, so a tie with a challenger stays a tie.
@@ -197,8 +199,14 @@ def checkpoint_network(checkpoint_uri: str, architecture: str) -> torch.nn.Modul
         return load_model(folder, build=functools.partial(build_network, architecture=architecture))
 
 
-def compare_with_champion(training: TrainingOutcome, dataset: StagedDataset, cache_dir: str, test_limit: int | None,
-                          model_name: str, tracking_uri: str) -> Comparison:
+def compare_with_champion(
+    training: TrainingOutcome,
+    dataset: StagedDataset,
+    cache_dir: str,
+    test_limit: int | None,
+    model_name: str,
+    tracking_uri: str,
+) -> Comparison:
     """Score the trained checkpoint and the current champion on the same test images (the evaluate step)."""
     files = fetch_staged(dataset, cache_dir)
     images, labels = load_fashion_mnist_split(files.folder, train=False, limit=test_limit)
@@ -206,13 +214,20 @@ def compare_with_champion(training: TrainingOutcome, dataset: StagedDataset, cac
     report = evaluate_model(network, images, labels, get_dataset_spec(dataset.name).class_names)
     test_data_md5 = test_split_md5(dataset)
     champion = score_champion(model_name, tracking_uri, images, labels, test_data_md5)
-    return Comparison(report=report, champion=champion, test_data_md5=test_data_md5,
-                      probe=probe_digest(network, images))
+    return Comparison(
+        report=report, champion=champion, test_data_md5=test_data_md5, probe=probe_digest(network, images)
+    )
 
 
-def register_and_promote(training: TrainingOutcome, comparison: Comparison, card: ModelCard, model_name: str,
-                         tracking_uri: str, min_margin: float = DEFAULT_MIN_MARGIN,
-                         extra_tags: dict[str, str] | None = None) -> Registration:
+def register_and_promote(
+    training: TrainingOutcome,
+    comparison: Comparison,
+    card: ModelCard,
+    model_name: str,
+    tracking_uri: str,
+    min_margin: float = DEFAULT_MIN_MARGIN,
+    extra_tags: dict[str, str] | None = None,
+) -> Registration:
     """Register the model (once per run), tag it, set ``challenger`` and maybe ``champion``.
 
     The champion moves only if it is still the version the evaluate step scored; if another
@@ -221,37 +236,57 @@ def register_and_promote(training: TrainingOutcome, comparison: Comparison, card
     from mlflow import MlflowClient
 
     if not training.mlflow_run_id:
-        raise ValueError("The training step has no MLflow run id, so there is no run to register the model from. "
-                         "Check the MLflow tracking URI of the pipeline.")
+        raise ValueError(
+            "The training step has no MLflow run id, so there is no run to register the model from. "
+            "Check the MLflow tracking URI of the pipeline."
+        )
     report, champion = comparison.report, comparison.champion
     card = dataclasses.replace(card, test_accuracy=report.accuracy, architecture=training.architecture)
     client = MlflowClient(tracking_uri=tracking_uri)
     version = find_version_of_run(client, model_name, training.mlflow_run_id)
     current = champion_version(client, model_name)
     if current is not None and current == version:  # a retry after the aliases were set: already the champion
-        decision = decide_promotion(report.accuracy, champion.accuracy, champion.version, min_margin,
-                                    champion.error)
+        decision = decide_promotion(report.accuracy, champion.accuracy, champion.version, min_margin, champion.error)
     elif current != champion.version:
         decision = PromotionDecision(
-            False, report.accuracy, None, current,
+            False,
+            report.accuracy,
+            None,
+            current,
             f"the champion moved from version {champion.version} to {current} during this run: champion kept "
-            "(run the pipeline again to compare against the new champion)", min_margin)
+            "(run the pipeline again to compare against the new champion)",
+            min_margin,
+        )
     else:
-        decision = decide_promotion(report.accuracy, champion.accuracy, champion.version, min_margin,
-                                    champion.error)
-    tags = {ACCURACY_TAG: f"{report.accuracy:.6f}", "test_loss": f"{report.loss:.6f}",
-            TEST_IMAGES_TAG: str(report.num_images), TEST_DATA_MD5_TAG: comparison.test_data_md5,
-            "checkpoint": training.checkpoint_uri, **({PROBE_TAG: comparison.probe} if comparison.probe else {}),
-            **decision.tags(), **(extra_tags or {})}
+        decision = decide_promotion(report.accuracy, champion.accuracy, champion.version, min_margin, champion.error)
+    tags = {
+        ACCURACY_TAG: f"{report.accuracy:.6f}",
+        "test_loss": f"{report.loss:.6f}",
+        TEST_IMAGES_TAG: str(report.num_images),
+        TEST_DATA_MD5_TAG: comparison.test_data_md5,
+        "checkpoint": training.checkpoint_uri,
+        **({PROBE_TAG: comparison.probe} if comparison.probe else {}),
+        **decision.tags(),
+        **(extra_tags or {}),
+    }
     if version is None:  # the version is created with its tags
-        version = log_and_register(checkpoint_network(training.checkpoint_uri, training.architecture), card, model_name,
-                                   training.mlflow_run_id, tracking_uri, tags=tags).version
+        version = log_and_register(
+            checkpoint_network(training.checkpoint_uri, training.architecture),
+            card,
+            model_name,
+            training.mlflow_run_id,
+            tracking_uri,
+            tags=tags,
+        ).version
     else:  # a retry: the version exists, perhaps without (all of) its tags
         for key, value in tags.items():
             client.set_model_version_tag(model_name, version, key, value)
     client.set_registered_model_alias(model_name, CHALLENGER_ALIAS, version)
     if decision.promote:
         client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
-    return Registration(model_name=model_name, version=version,
-                        champion_version=version if decision.promote or current == version else (current or ""),
-                        decision=decision)
+    return Registration(
+        model_name=model_name,
+        version=version,
+        champion_version=version if decision.promote or current == version else (current or ""),
+        decision=decision,
+    )

@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

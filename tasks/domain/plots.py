@@ -10,7 +10,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tasks.domain.evaluation import EvaluationReport
 
@@ -41,8 +42,15 @@ def plot_confusion_matrix(report: EvaluationReport, path: str) -> str:
         for i in range(n):
             for j in range(n):
                 count = report.confusion_matrix[i][j]
-                ax.text(j, i, str(count), ha="center", va="center", fontsize=7,
-                        color="white" if count > peak / 2 else "black")
+                ax.text(
+                    j,
+                    i,
+                    str(count),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if count > peak / 2 else "black",
+                )
         fig.tight_layout()
         fig.savefig(path, dpi=100)
     finally:
@@ -58,13 +66,15 @@ def plot_learning_curve(history: Sequence[dict[str, Any]], path: str) -> str:
     try:
         loss_ax.plot(epochs, [row.get("loss") for row in history], "o-", color="tab:red", label="train loss")
         if any("val_loss" in row for row in history):
-            loss_ax.plot(epochs, [row.get("val_loss") for row in history], "s--", color="tab:orange",
-                         label="validation loss")
+            loss_ax.plot(
+                epochs, [row.get("val_loss") for row in history], "s--", color="tab:orange", label="validation loss"
+            )
         loss_ax.set_xlabel("epoch")
         loss_ax.set_ylabel("loss")
         acc_ax = loss_ax.twinx()
-        acc_ax.plot(epochs, [row.get("val_accuracy") for row in history], "^-", color="tab:blue",
-                    label="validation accuracy")
+        acc_ax.plot(
+            epochs, [row.get("val_accuracy") for row in history], "^-", color="tab:blue", label="validation accuracy"
+        )
         acc_ax.set_ylabel("accuracy")
         acc_ax.set_ylim(0, 1)
         lines = loss_ax.get_lines() + acc_ax.get_lines()

@@ -20,7 +20,8 @@ import dataclasses
 import json
 import time
 import uuid
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 DEFAULT_INTERVAL_S = 2.0  # rank 0 publishes at most this often
 
@@ -60,8 +61,10 @@ class EpochProgress:
     def describe(self) -> str:
         """One line for a person: ``epoch 2/3, step 40/94 (43%), 812 images/s, epoch ETA 0:07``."""
         eta = "?" if self.eta_s is None else _clock(self.eta_s)
-        return (f"epoch {self.epoch + 1}/{self.epochs}, step {self.step}/{self.steps} "
-                f"({self.step / max(self.steps, 1):.0%}), {self.images_per_s:.0f} images/s, epoch ETA {eta}")
+        return (
+            f"epoch {self.epoch + 1}/{self.epochs}, step {self.step}/{self.steps} "
+            f"({self.step / max(self.steps, 1):.0%}), {self.images_per_s:.0f} images/s, epoch ETA {eta}"
+        )
 
 
 def _clock(seconds: float) -> str:
@@ -97,7 +100,7 @@ class ProgressBoard:
     key: str
 
     @classmethod
-    def create(cls) -> "ProgressBoard":
+    def create(cls) -> ProgressBoard:
         """A new, empty board (Ray must be connected wherever it is used)."""
         return cls(key=uuid.uuid4().hex)
 
@@ -133,8 +136,15 @@ class ProgressMeter:
         clock: seconds, monotonic (tests pass a fake one).
     """
 
-    def __init__(self, sink: ProgressSink, epochs: int, steps: int, world_size: int,
-                 interval_s: float = DEFAULT_INTERVAL_S, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        sink: ProgressSink,
+        epochs: int,
+        steps: int,
+        world_size: int,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.sink, self.epochs, self.steps, self.world_size = sink, epochs, steps, world_size
         self.interval_s, self.clock = interval_s, clock
         self._epoch, self._step, self._images = 0, 0, 0
@@ -158,8 +168,15 @@ class ProgressMeter:
         self._last = now
         elapsed = max(now - self._started, 1e-9)
         try:
-            self.sink.publish(EpochProgress(
-                epoch=self._epoch, epochs=self.epochs, step=self._step, steps=self.steps,
-                images_per_s=self._images * self.world_size / elapsed if self._step else 0.0, elapsed_s=elapsed))
+            self.sink.publish(
+                EpochProgress(
+                    epoch=self._epoch,
+                    epochs=self.epochs,
+                    step=self._step,
+                    steps=self.steps,
+                    images_per_s=self._images * self.world_size / elapsed if self._step else 0.0,
+                    elapsed_s=elapsed,
+                )
+            )
         except Exception:  # noqa: BLE001 - showing progress never stops training
             pass

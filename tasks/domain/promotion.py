@@ -71,16 +71,21 @@ class PromotionDecision:
             "promotion_decision": "promoted" if self.promote else "kept_champion",
             "promotion_reason": self.reason,
             "previous_champion_version": self.champion_version or "none",
-            "previous_champion_test_accuracy": "none" if self.champion_accuracy is None
+            "previous_champion_test_accuracy": "none"
+            if self.champion_accuracy is None
             else f"{self.champion_accuracy:.6f}",
             "promotion_margin": "none" if self.margin is None else f"{self.margin:.6f}",
             "promotion_min_margin": f"{self.min_margin:.6f}",
         }
 
 
-def decide_promotion(challenger_accuracy: float, champion_accuracy: float | None,
-                     champion_version: str | None = None, min_margin: float = DEFAULT_MIN_MARGIN,
-                     champion_error: str | None = None) -> PromotionDecision:
+def decide_promotion(
+    challenger_accuracy: float,
+    champion_accuracy: float | None,
+    champion_version: str | None = None,
+    min_margin: float = DEFAULT_MIN_MARGIN,
+    champion_error: str | None = None,
+) -> PromotionDecision:
     """Decide whether a challenger with ``challenger_accuracy`` replaces the champion.
 
     Args:
@@ -105,18 +110,28 @@ def decide_promotion(challenger_accuracy: float, champion_accuracy: float | None
             reason = f"champion version {champion_version} could not be scored ({champion_error})"
         else:
             reason = f"champion version {champion_version} has no test accuracy"
-        return PromotionDecision(True, challenger_accuracy, None, champion_version,
-                                 f"{reason}: the challenger ({challenger_accuracy:.4f}) becomes champion", min_margin)
+        return PromotionDecision(
+            True,
+            challenger_accuracy,
+            None,
+            champion_version,
+            f"{reason}: the challenger ({challenger_accuracy:.4f}) becomes champion",
+            min_margin,
+        )
     _check_accuracy("champion_accuracy", champion_accuracy)
     margin = challenger_accuracy - champion_accuracy
-    versus = (f"test accuracy {challenger_accuracy:.4f} vs champion version {champion_version}'s "
-              f"{champion_accuracy:.4f} on the same images (margin {margin:+.4f}, required > 0 and >= {min_margin:.4f})")
+    versus = (
+        f"test accuracy {challenger_accuracy:.4f} vs champion version {champion_version}'s "
+        f"{champion_accuracy:.4f} on the same images (margin {margin:+.4f}, required > 0 and >= {min_margin:.4f})"
+    )
     # A small tolerance: accuracies are ratios of counts, so equal counts must compare equal.
     if margin > 1e-12 and margin >= min_margin - 1e-12:
-        return PromotionDecision(True, challenger_accuracy, champion_accuracy, champion_version,
-                                 f"{versus}: promoted", min_margin)
-    return PromotionDecision(False, challenger_accuracy, champion_accuracy, champion_version,
-                             f"{versus}: champion kept", min_margin)
+        return PromotionDecision(
+            True, challenger_accuracy, champion_accuracy, champion_version, f"{versus}: promoted", min_margin
+        )
+    return PromotionDecision(
+        False, challenger_accuracy, champion_accuracy, champion_version, f"{versus}: champion kept", min_margin
+    )
 
 
 def parse_accuracy(text: str | None) -> float | None:

@@ -17,7 +17,7 @@ import dataclasses
 import ipaddress
 import socket
 import urllib.parse
-from typing import Iterable
+from collections.abc import Iterable
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 
@@ -74,46 +74,78 @@ def remote_nodes(node_ips: Iterable[str], local: set[str] | None = None) -> list
     return sorted({ip for ip in node_ips if not is_loopback(ip) and ip not in local})
 
 
-def problems(prefect_api_url: str | None, mlflow_tracking_uri: str | None, storage_path: str | None,
-             node_hint: str, mirrors: Iterable[str] = ()) -> list[Problem]:
+def problems(
+    prefect_api_url: str | None,
+    mlflow_tracking_uri: str | None,
+    storage_path: str | None,
+    node_hint: str,
+    mirrors: Iterable[str] = (),
+) -> list[Problem]:
     """What in these settings a node on another host could not reach."""
     found: list[Problem] = []
     if prefect_api_url and is_loopback(urllib.parse.urlsplit(prefect_api_url).hostname):
-        found.append(Problem(
-            "PREFECT_API_URL", prefect_api_url,
-            f"a loopback address reaches only this machine. Start the server on an address {node_hint} can reach "
-            "(prefect server start --host 0.0.0.0) and set PREFECT_API_URL=http://<this host's IP or name>:4200/api,"
-            " or use Prefect Cloud."))
+        found.append(
+            Problem(
+                "PREFECT_API_URL",
+                prefect_api_url,
+                f"a loopback address reaches only this machine. Start the server on an address {node_hint} can reach "
+                "(prefect server start --host 0.0.0.0) and set PREFECT_API_URL=http://<this host's IP or name>:4200/api,"
+                " or use Prefect Cloud.",
+            )
+        )
     if mlflow_tracking_uri and mlflow_tracking_uri.split(":")[0] not in ("databricks", "databricks-uc"):
         parts = urllib.parse.urlsplit(mlflow_tracking_uri)
         if parts.scheme in ("sqlite", "file", "") or (len(parts.scheme) == 1 and mlflow_tracking_uri[1:3] == ":\\"):
-            found.append(Problem(
-                "mlflow_tracking_uri", mlflow_tracking_uri,
-                f"a local store that {node_hint} cannot open. Run an MLflow server with a database and shared "
-                "artifacts (mlflow server --backend-store-uri postgresql://... --artifacts-destination s3://... "
-                "--host 0.0.0.0) and pass its URL, e.g. http://mlflow.internal:5000."))
+            found.append(
+                Problem(
+                    "mlflow_tracking_uri",
+                    mlflow_tracking_uri,
+                    f"a local store that {node_hint} cannot open. Run an MLflow server with a database and shared "
+                    "artifacts (mlflow server --backend-store-uri postgresql://... --artifacts-destination s3://... "
+                    "--host 0.0.0.0) and pass its URL, e.g. http://mlflow.internal:5000.",
+                )
+            )
         elif parts.scheme in ("http", "https") and is_loopback(parts.hostname):
-            found.append(Problem(
-                "mlflow_tracking_uri", mlflow_tracking_uri,
-                f"a loopback address reaches only this machine. Serve MLflow on an address {node_hint} can reach "
-                "(mlflow server --host 0.0.0.0) and pass http://<this host's IP or name>:<port>."))
+            found.append(
+                Problem(
+                    "mlflow_tracking_uri",
+                    mlflow_tracking_uri,
+                    f"a loopback address reaches only this machine. Serve MLflow on an address {node_hint} can reach "
+                    "(mlflow server --host 0.0.0.0) and pass http://<this host's IP or name>:<port>.",
+                )
+            )
     if storage_path and "://" not in storage_path:
-        found.append(Problem(
-            "storage_path", storage_path,
-            f"a local folder that {node_hint} cannot see. Use shared storage: s3://bucket/prefix (or gs://, "
-            "abfs://), or a folder mounted at the same path on every node (NFS) written as a file:// URL, "
-            "which declares it shared: file:///mnt/shared/runs."))
+        found.append(
+            Problem(
+                "storage_path",
+                storage_path,
+                f"a local folder that {node_hint} cannot see. Use shared storage: s3://bucket/prefix (or gs://, "
+                "abfs://), or a folder mounted at the same path on every node (NFS) written as a file:// URL, "
+                "which declares it shared: file:///mnt/shared/runs.",
+            )
+        )
     for mirror in mirrors or ():
         if "://" not in mirror:
-            found.append(Problem(
-                "mirrors", mirror,
-                f"a local folder that {node_hint} cannot see (the download step may run there). Serve it over "
-                "http(s)://, copy it to s3://, or leave mirrors unset to use the official mirrors."))
+            found.append(
+                Problem(
+                    "mirrors",
+                    mirror,
+                    f"a local folder that {node_hint} cannot see (the download step may run there). Serve it over "
+                    "http(s)://, copy it to s3://, or leave mirrors unset to use the official mirrors.",
+                )
+            )
     return found
 
 
-def check_reachable(node_ips: Iterable[str], *, prefect_api_url: str | None, mlflow_tracking_uri: str | None,
-                    storage_path: str | None, mirrors: Iterable[str] = (), local: set[str] | None = None) -> None:
+def check_reachable(
+    node_ips: Iterable[str],
+    *,
+    prefect_api_url: str | None,
+    mlflow_tracking_uri: str | None,
+    storage_path: str | None,
+    mirrors: Iterable[str] = (),
+    local: set[str] | None = None,
+) -> None:
     """Refuse addresses that only this machine has when the cluster has nodes on other hosts.
 
     Args:
@@ -132,4 +164,5 @@ def check_reachable(node_ips: Iterable[str], *, prefect_api_url: str | None, mlf
     if found:
         raise UnreachableFromClusterError(
             f"The Ray cluster has nodes on other hosts ({', '.join(remote[:5])}), which cannot use these "
-            "settings of this run:\n" + "\n".join(str(p) for p in found))
+            "settings of this run:\n" + "\n".join(str(p) for p in found)
+        )

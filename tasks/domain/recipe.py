@@ -24,7 +24,8 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Literal
+from collections.abc import Iterable
+from typing import Any, Literal
 
 import torch
 
@@ -75,8 +76,17 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {
     "tutorial": Recipe(name="tutorial", optimizer="adam", lr=1e-3),
-    "augmented": Recipe(name="augmented", optimizer="sgd", lr=0.1, schedule="onecycle", weight_decay=5e-4,
-                        label_smoothing=0.1, crop_padding=2, flip=True, architecture="resnet18-1ch-small"),
+    "augmented": Recipe(
+        name="augmented",
+        optimizer="sgd",
+        lr=0.1,
+        schedule="onecycle",
+        weight_decay=5e-4,
+        label_smoothing=0.1,
+        crop_padding=2,
+        flip=True,
+        architecture="resnet18-1ch-small",
+    ),
 }
 
 
@@ -98,18 +108,25 @@ def get_recipe(name: str, lr: float | None = None) -> Recipe:
 def make_optimizer(recipe: Recipe, parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
     if recipe.optimizer == "adam":
         return torch.optim.Adam(parameters, lr=recipe.lr, weight_decay=recipe.weight_decay)
-    return torch.optim.SGD(parameters, lr=recipe.lr, momentum=recipe.momentum, nesterov=recipe.momentum > 0,
-                           weight_decay=recipe.weight_decay)
+    return torch.optim.SGD(
+        parameters,
+        lr=recipe.lr,
+        momentum=recipe.momentum,
+        nesterov=recipe.momentum > 0,
+        weight_decay=recipe.weight_decay,
+    )
 
 
-def make_scheduler(recipe: Recipe, optimizer: torch.optim.Optimizer, steps_per_epoch: int,
-                   epochs: int) -> torch.optim.lr_scheduler.LRScheduler | None:
+def make_scheduler(
+    recipe: Recipe, optimizer: torch.optim.Optimizer, steps_per_epoch: int, epochs: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
     """A per-step scheduler (call ``step()`` after every optimizer step), or None for a constant rate."""
     if recipe.schedule == "constant" or recipe.lr == 0:
         return None
     total = max(1, steps_per_epoch * epochs)
-    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=recipe.lr, total_steps=total,
-                                               pct_start=recipe.warmup_fraction, anneal_strategy="cos")
+    return torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=recipe.lr, total_steps=total, pct_start=recipe.warmup_fraction, anneal_strategy="cos"
+    )
 
 
 def augment_batch(images: torch.Tensor, recipe: Recipe, background: float) -> torch.Tensor:

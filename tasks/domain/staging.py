@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import posixpath
@@ -54,14 +55,22 @@ class StagedDataset:
     sources: dict[str, str]
 
 
-def fetch_and_stage(name: str, mirrors: list[str] | None, cache_dir: str, staging_url: str,
-                    md5s: Mapping[str, str] | None = None) -> StagedDataset:
+def fetch_and_stage(
+    name: str, mirrors: list[str] | None, cache_dir: str, staging_url: str, md5s: Mapping[str, str] | None = None
+) -> StagedDataset:
     """Fetch ``name`` into ``cache_dir`` (from ``mirrors``, or the environment's / official ones) and
     copy it to ``staging_url/<name>``. ``md5s`` replaces the registry's checksums (generated data)."""
     files = fetch_dataset(name, expand_path(cache_dir), mirrors or None, md5s=md5s)
     staged = stage_dataset(files, staging_url)
-    return StagedDataset(name=files.name, staged_url=staged, md5s=dict(files.md5s), local_folder=files.folder,
-                         downloaded=tuple(files.downloaded), cached=tuple(files.cached), sources=dict(files.sources))
+    return StagedDataset(
+        name=files.name,
+        staged_url=staged,
+        md5s=dict(files.md5s),
+        local_folder=files.folder,
+        downloaded=tuple(files.downloaded),
+        cached=tuple(files.cached),
+        sources=dict(files.sources),
+    )
 
 
 def fetch_staged(staged: StagedDataset, node_cache_dir: str) -> DatasetFiles:
@@ -69,8 +78,9 @@ def fetch_staged(staged: StagedDataset, node_cache_dir: str) -> DatasetFiles:
     return fetch_dataset(staged.name, expand_path(node_cache_dir), mirrors=[staged.staged_url], md5s=staged.md5s)
 
 
-def stage_dataset(files: DatasetFiles, storage_url: str | os.PathLike,
-                  storage_options: Mapping[str, Any] | None = None) -> str:
+def stage_dataset(
+    files: DatasetFiles, storage_url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None
+) -> str:
     """Copy the verified files of ``files`` to ``<storage_url>/<name>/`` so every node reads them.
 
     A file already there with the same size is skipped. Local files are written
@@ -101,7 +111,9 @@ def stage_dataset(files: DatasetFiles, storage_url: str | os.PathLike,
     except (ImportError, ValueError) as exc:
         raise DatasetDownloadError(
             f"Cannot open storage {shown}: {type(exc).__name__}: {exc}. Use a local folder or an fsspec URL "
-            "whose package is installed (s3:// needs s3fs).", dataset=files.name) from None
+            "whose package is installed (s3:// needs s3fs).",
+            dataset=files.name,
+        ) from None
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     local = protocol in ("file", "local")
 
@@ -118,18 +130,25 @@ def stage_dataset(files: DatasetFiles, storage_url: str | os.PathLike,
                     continue
             except FileNotFoundError:
                 pass
-            with_retries(what, lambda: _put(fs, path, dest, local), error=None)
+            with_retries(what, functools.partial(_put, fs, path, dest, local), error=None)
             if fs.info(dest).get("size") != size:
                 raise OSError(f"{dest} has size {fs.info(dest).get('size')} after upload, expected {size}")
         except Exception as exc:  # noqa: BLE001 - reported with what to do
             raise DatasetDownloadError(
                 f"{what} failed: {describe_error(exc)}. Check storage_url (bucket name, path) and "
                 "storage_options (credentials, endpoint), and that the storage is writable.",
-                dataset=files.name, filename=filename, attempts=[(shown, describe_error(exc))],
+                dataset=files.name,
+                filename=filename,
+                attempts=[(shown, describe_error(exc))],
             ) from None
         uploaded.append(filename)
-    logger.info("Staged %s to %s: uploaded %s, skipped (already there) %s.", files.name, shown,
-                uploaded or "none", skipped or "none")
+    logger.info(
+        "Staged %s to %s: uploaded %s, skipped (already there) %s.",
+        files.name,
+        shown,
+        uploaded or "none",
+        skipped or "none",
+    )
     return staged_url
 
 

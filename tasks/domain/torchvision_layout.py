@@ -23,8 +23,7 @@ from tasks.domain.idx_files import IMAGES_MAGIC, LABELS_MAGIC, SPLIT_FILES, chec
 CHUNK_BYTES = 1 << 20
 
 
-def torchvision_layout(folder: str | os.PathLike, root: str | os.PathLike,
-                       dataset_class: str = "FashionMNIST") -> str:
+def torchvision_layout(folder: str | os.PathLike, root: str | os.PathLike, dataset_class: str = "FashionMNIST") -> str:
     """Place the four raw files, decompressed, where torchvision looks for them.
 
     ``torchvision.datasets.FashionMNIST(root, download=True)`` then finds
@@ -68,8 +67,10 @@ def torchvision_layout(folder: str | os.PathLike, root: str | os.PathLike,
                     shutil.copyfileobj(f, out, CHUNK_BYTES)
                 os.replace(tmp, dest)
             except (OSError, EOFError, zlib.error) as exc:
-                raise ValueError(f"{src} is corrupt ({type(exc).__name__}: {exc}). Delete it and run "
-                                 "fetch_dataset again (it checks md5s).") from None
+                raise ValueError(
+                    f"{src} is corrupt ({type(exc).__name__}: {exc}). Delete it and run "
+                    "fetch_dataset again (it checks md5s)."
+                ) from None
             finally:
                 if os.path.exists(tmp):
                     os.remove(tmp)

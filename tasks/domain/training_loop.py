@@ -24,8 +24,8 @@ from torch.nn import CrossEntropyLoss
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainlib
-from tasks.domain.idx_files import load_fashion_mnist_split
 from tasks.domain.dataset_fetch import fetch_dataset
+from tasks.domain.idx_files import load_fashion_mnist_split
 from tasks.domain.network import MEAN, MODEL_FILE, STD, build_model, to_inputs, unwrap
 from tasks.domain.progress import ProgressMeter, ProgressSink
 from tasks.domain.recipe import Recipe, augment_batch, make_optimizer, make_scheduler
@@ -41,8 +41,9 @@ def split_train_val(n: int, val_fraction: float, seed: int) -> tuple[torch.Tenso
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     n_val = max(1, int(round(n * val_fraction)))
     if n - n_val < 1:
-        raise ValueError(f"{n} training image(s) leave none to train on after a {val_fraction:.0%} "
-                         "validation split: raise limit.")
+        raise ValueError(
+            f"{n} training image(s) leave none to train on after a {val_fraction:.0%} validation split: raise limit."
+        )
     return order[n_val:], order[:n_val]
 
 
@@ -80,13 +81,15 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
     optimizer = make_optimizer(recipe, model.parameters())
 
     # Data: the staged copy of the data set, a validation slice held out of the training split.
-    files = fetch_dataset(config["dataset"], config["node_cache_dir"], mirrors=[config["staged_url"]],
-                          md5s=config["md5s"])
+    files = fetch_dataset(
+        config["dataset"], config["node_cache_dir"], mirrors=[config["staged_url"]], md5s=config["md5s"]
+    )
     images, labels = load_fashion_mnist_split(files.folder, train=True, limit=config.get("limit"))
     train_idx, val_idx = split_train_val(len(labels), config["val_fraction"], config["seed"])
     inputs = to_inputs(images)
-    train_loader = prepare_data_loader(DataLoader(
-        TensorDataset(inputs[train_idx], labels[train_idx]), batch_size=config["batch_size"], shuffle=True))
+    train_loader = prepare_data_loader(
+        DataLoader(TensorDataset(inputs[train_idx], labels[train_idx]), batch_size=config["batch_size"], shuffle=True)
+    )
     # Each rank scores its own slice of the validation set exactly once; the counts are summed.
     mine = val_idx[rank::world_size]
     val_loader = DataLoader(TensorDataset(inputs[mine], labels[mine]), batch_size=config["batch_size"])
@@ -137,14 +140,24 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
                 val_loss += val_criterion(outputs, batch_labels).item() * len(batch_labels)
                 val_correct += (outputs.argmax(1) == batch_labels).sum().item()
         loss_sum, seen, val_loss, val_correct, val_seen = _all_reduce_sum(
-            [loss_sum, seen, val_loss, val_correct, len(mine)])
+            [loss_sum, seen, val_loss, val_correct, len(mine)]
+        )
 
-        metrics = {"epoch": epoch, "loss": loss_sum / max(seen, 1), "val_loss": val_loss / max(val_seen, 1),
-                   "val_accuracy": val_correct / max(val_seen, 1)}
+        metrics = {
+            "epoch": epoch,
+            "loss": loss_sum / max(seen, 1),
+            "val_loss": val_loss / max(val_seen, 1),
+            "val_accuracy": val_correct / max(val_seen, 1),
+        }
         with tempfile.TemporaryDirectory() as folder:
             if rank == 0:
                 torch.save(unwrap(model).state_dict(), os.path.join(folder, MODEL_FILE))
-                torch.save({"optimizer": optimizer.state_dict(), "epoch": epoch,
-                            "scheduler": scheduler.state_dict() if scheduler is not None else None},
-                           os.path.join(folder, STATE_FILE))
+                torch.save(
+                    {
+                        "optimizer": optimizer.state_dict(),
+                        "epoch": epoch,
+                        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                    },
+                    os.path.join(folder, STATE_FILE),
+                )
             trainlib.report(metrics, checkpoint=trainlib.Checkpoint.from_directory(folder))

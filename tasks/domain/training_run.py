@@ -25,9 +25,9 @@ from tasks.domain.recipe import Recipe
 from tasks.domain.staging import StagedDataset
 from tasks.domain.training_loop import train_func
 from tasks.domain.urls import expand_path, join_url
+from trainlib.torch import TorchTrainer
 
 logger = logging.getLogger("trainlib")
-from trainlib.torch import TorchTrainer
 
 HISTORY_KEYS = ("epoch", "loss", "val_loss", "val_accuracy")
 
@@ -111,15 +111,25 @@ class FitResult:
 def training_config(settings: TrainingSettings, dataset: StagedDataset) -> dict[str, Any]:
     """The ``train_loop_config`` of :func:`train_func`: plain values, the same for every attempt, nothing secret."""
     return {
-        "dataset": dataset.name, "staged_url": dataset.staged_url, "md5s": dict(dataset.md5s),
-        "node_cache_dir": expand_path(settings.node_cache_dir), "limit": settings.limit,
-        "val_fraction": settings.val_fraction, "recipe": settings.recipe.record(), "batch_size": settings.batch_size,
-        "epochs": settings.epochs, "seed": settings.seed,
+        "dataset": dataset.name,
+        "staged_url": dataset.staged_url,
+        "md5s": dict(dataset.md5s),
+        "node_cache_dir": expand_path(settings.node_cache_dir),
+        "limit": settings.limit,
+        "val_fraction": settings.val_fraction,
+        "recipe": settings.recipe.record(),
+        "batch_size": settings.batch_size,
+        "epochs": settings.epochs,
+        "seed": settings.seed,
     }
 
 
-def run_training(settings: TrainingSettings, dataset: StagedDataset, callbacks: list[trainlib.Callback],
-                 progress: ProgressSink | None = None) -> FitResult:
+def run_training(
+    settings: TrainingSettings,
+    dataset: StagedDataset,
+    callbacks: list[trainlib.Callback],
+    progress: ProgressSink | None = None,
+) -> FitResult:
     """Run the tutorial's training with trainlib, rank 0 telling ``progress`` where it is within the epoch.
 
     A run folder of the same name that exists already is continued from its latest committed
@@ -133,14 +143,22 @@ def run_training(settings: TrainingSettings, dataset: StagedDataset, callbacks: 
     trainer = TorchTrainer(
         functools.partial(train_func, progress=progress),
         train_loop_config=training_config(settings, dataset),
-        scaling_config=trainlib.ScalingConfig(num_workers=settings.num_workers, use_gpu=settings.use_gpu,
-                                              placement_strategy=settings.placement_strategy,
-                                              placement_timeout_s=settings.placement_timeout_s),
+        scaling_config=trainlib.ScalingConfig(
+            num_workers=settings.num_workers,
+            use_gpu=settings.use_gpu,
+            placement_strategy=settings.placement_strategy,
+            placement_timeout_s=settings.placement_timeout_s,
+        ),
         run_config=trainlib.RunConfig(
-            name=settings.run_name, storage_path=settings.storage_path, callbacks=callbacks, if_exists="resume",
+            name=settings.run_name,
+            storage_path=settings.storage_path,
+            callbacks=callbacks,
+            if_exists="resume",
             checkpoint_config=trainlib.CheckpointConfig(
-                num_to_keep=settings.num_to_keep, checkpoint_score_attribute=settings.checkpoint_score_attribute,
-                checkpoint_score_order=settings.checkpoint_score_order),
+                num_to_keep=settings.num_to_keep,
+                checkpoint_score_attribute=settings.checkpoint_score_attribute,
+                checkpoint_score_order=settings.checkpoint_score_order,
+            ),
             failure_config=trainlib.FailureConfig(max_failures=settings.max_failures),
         ),
     )
@@ -148,8 +166,7 @@ def run_training(settings: TrainingSettings, dataset: StagedDataset, callbacks: 
     try:
         result = trainer.fit()
     except trainlib.RunExistsError:  # raised only for a FINISHED run under if_exists="resume"
-        logger.warning("Training run %s finished earlier: using its result, not training again.",
-                       settings.run_name)
+        logger.warning("Training run %s finished earlier: using its result, not training again.", settings.run_name)
         return FitResult(trainlib.Result.from_path(join_url(settings.storage_path, settings.run_name)), 0.0, True)
     return FitResult(result, time.perf_counter() - started, False)
 
@@ -159,8 +176,10 @@ def chosen_checkpoint(result: trainlib.Result) -> trainlib.Checkpoint:
     if result.best_checkpoints:
         return result.best_checkpoints[-1][0]  # Ray Train's order: best last
     if result.checkpoint is None:
-        raise RuntimeError(f"Training run {result.path} committed no checkpoint: the training function must "
-                           "report one with trainlib.report(metrics, checkpoint=...).")
+        raise RuntimeError(
+            f"Training run {result.path} committed no checkpoint: the training function must "
+            "report one with trainlib.report(metrics, checkpoint=...)."
+        )
     return result.checkpoint
 
 
@@ -168,7 +187,19 @@ def training_outcome(fit: FitResult, mlflow_run_id: str | None, architecture: st
     """The :class:`TrainingOutcome` of a finished ``fit()``: the checkpoint to evaluate and the metrics history."""
     result, seconds = fit.result, fit.seconds
     checkpoint = chosen_checkpoint(result)
-    history = [] if result.metrics_dataframe is None else [
-        {k: v for k, v in row.items() if k in HISTORY_KEYS} for row in result.metrics_dataframe.to_dict("records")]
-    return TrainingOutcome(run_path=result.path, checkpoint_uri=checkpoint.uri, metrics=dict(result.metrics or {}),
-                           history=history, mlflow_run_id=mlflow_run_id, seconds=seconds, architecture=architecture)
+    history = (
+        []
+        if result.metrics_dataframe is None
+        else [
+            {k: v for k, v in row.items() if k in HISTORY_KEYS} for row in result.metrics_dataframe.to_dict("records")
+        ]
+    )
+    return TrainingOutcome(
+        run_path=result.path,
+        checkpoint_uri=checkpoint.uri,
+        metrics=dict(result.metrics or {}),
+        history=history,
+        mlflow_run_id=mlflow_run_id,
+        seconds=seconds,
+        architecture=architecture,
+    )

@@ -62,8 +62,12 @@ def hidden_folders() -> list[str]:
         with open(pth) as f:
             for line in f:
                 line = line.strip()
-                if line and not line.startswith(("#", "import")) and os.path.isdir(line) and any(
-                        os.path.isdir(os.path.join(line, p)) for p in PROJECT_PACKAGES):
+                if (
+                    line
+                    and not line.startswith(("#", "import"))
+                    and os.path.isdir(line)
+                    and any(os.path.isdir(os.path.join(line, p)) for p in PROJECT_PACKAGES)
+                ):
                     folders.add(os.path.abspath(line))
     # setuptools' strict editable installs map packages in a finder module instead of a .pth path;
     # a clone sharing another checkout's venv imports the project from that checkout.
@@ -173,17 +177,31 @@ class LocalRayCluster:
 
     def start_head(self, num_cpus: int = 1) -> RayNode:
         self.port, self.dashboard_port, self.client_port = _free_ports(3)
-        args = ["--head", "--port", str(self.port), "--ray-client-server-port", str(self.client_port),
-                "--temp-dir", self.root]
+        args = [
+            "--head",
+            "--port",
+            str(self.port),
+            "--ray-client-server-port",
+            str(self.client_port),
+            "--temp-dir",
+            self.root,
+        ]
         if self.dashboard:
-            args += ["--include-dashboard", "true", "--dashboard-host", HEAD_IP,
-                     "--dashboard-port", str(self.dashboard_port)]
+            args += [
+                "--include-dashboard",
+                "true",
+                "--dashboard-host",
+                HEAD_IP,
+                "--dashboard-port",
+                str(self.dashboard_port),
+            ]
         else:
             args += ["--include-dashboard", "false"]
         return self._start(HEAD_IP, num_cpus, args, with_code=True)
 
-    def add_node(self, ip: str, num_cpus: int = 1, with_code: bool = False,
-                 resources: dict[str, float] | None = None) -> RayNode:
+    def add_node(
+        self, ip: str, num_cpus: int = 1, with_code: bool = False, resources: dict[str, float] | None = None
+    ) -> RayNode:
         """Start another node at ``ip``; ``with_code=False`` hides the repository from it."""
         args = ["--address", self.address]
         if resources:
@@ -192,18 +210,45 @@ class LocalRayCluster:
 
     def _start(self, ip: str, num_cpus: int, args: list[str], with_code: bool) -> RayNode:
         agent, agent_grpc, metrics, runtime_env_agent, node_manager, object_manager = _free_ports(6)
-        cmd = [f"{BIN}/ray", "start", "--node-ip-address", ip, "--num-cpus", str(num_cpus), *args,
-               "--object-store-memory", str(200 * 1024 * 1024), "--disable-usage-stats",
-               "--dashboard-agent-listen-port", str(agent), "--dashboard-agent-grpc-port", str(agent_grpc),
-               "--metrics-export-port", str(metrics), "--runtime-env-agent-port", str(runtime_env_agent),
-               "--node-manager-port", str(node_manager), "--object-manager-port", str(object_manager),
-               "--min-worker-port", "0", "--max-worker-port", "0"]
+        cmd = [
+            f"{BIN}/ray",
+            "start",
+            "--node-ip-address",
+            ip,
+            "--num-cpus",
+            str(num_cpus),
+            *args,
+            "--object-store-memory",
+            str(200 * 1024 * 1024),
+            "--disable-usage-stats",
+            "--dashboard-agent-listen-port",
+            str(agent),
+            "--dashboard-agent-grpc-port",
+            str(agent_grpc),
+            "--metrics-export-port",
+            str(metrics),
+            "--runtime-env-agent-port",
+            str(runtime_env_agent),
+            "--node-manager-port",
+            str(node_manager),
+            "--object-manager-port",
+            str(object_manager),
+            "--min-worker-port",
+            "0",
+            "--max-worker-port",
+            "0",
+        ]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "PREFECT_", "MLFLOW_"))}
         # The venv is active on every node, as an operator's node has it: `python` is its Python.
         env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
-        env.update(self.node_env, **self.auth_env, RAY_USAGE_STATS_ENABLED="0",
-                   # A stopped node is declared dead in ~3 s instead of ~15 s.
-                   RAY_health_check_period_ms="1000", RAY_health_check_failure_threshold="3")
+        env.update(
+            self.node_env,
+            **self.auth_env,
+            RAY_USAGE_STATS_ENABLED="0",
+            # A stopped node is declared dead in ~3 s instead of ~15 s.
+            RAY_health_check_period_ms="1000",
+            RAY_health_check_failure_threshold="3",
+        )
         cwd = REPO_ROOT
         if with_code:
             env["PYTHONPATH"] = REPO_ROOT
@@ -214,8 +259,9 @@ class LocalRayCluster:
         log_path = os.path.join(self.root, f"node-{ip}.log")
         with open(log_path, "wb") as log:
             # Its own session, so the node's daemons share one process group we can kill.
-            process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                       start_new_session=True)
+            process = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+            )
         node = RayNode(ip=ip, pgid=process.pid, log_path=log_path, with_code=with_code)
         self.nodes.append(node)
         try:
@@ -237,8 +283,10 @@ class LocalRayCluster:
             lines += [f"mkdir -p {shlex.quote(keep)}", f"mount --bind {shlex.quote(sys.prefix)} {shlex.quote(keep)}"]
         lines += [f"mount -t tmpfs tmpfs {shlex.quote(h)}" for h in hidden]
         if venv_hidden:
-            lines += [f"mkdir -p {shlex.quote(sys.prefix)}",
-                      f"mount --bind {shlex.quote(keep)} {shlex.quote(sys.prefix)}"]
+            lines += [
+                f"mkdir -p {shlex.quote(sys.prefix)}",
+                f"mount --bind {shlex.quote(keep)} {shlex.quote(sys.prefix)}",
+            ]
         lines += ["cd /", "exec " + " ".join(shlex.quote(c) for c in cmd)]
         script = os.path.join(self.root, f"hide-code-{len(self.nodes)}.sh")
         with open(script, "w") as f:
@@ -280,14 +328,22 @@ class LocalRayCluster:
 
     def list_nodes(self) -> list[dict[str, Any]]:
         """The GCS's node table, read by a short driver process (this process keeps its own Ray)."""
-        code = ("import json, ray; ray.init(address=%r, log_to_driver=False, logging_level='ERROR'); "
-                "print('NODES=' + json.dumps([{k: n[k] for k in ('NodeID', 'NodeManagerAddress', 'Alive', "
-                "'Resources')} for n in ray.nodes()]))" % self.address)
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                              env=self.driver_env(), cwd=self.root)
+        code = (
+            "import json, ray; ray.init(address=%r, log_to_driver=False, logging_level='ERROR'); "
+            "print('NODES=' + json.dumps([{k: n[k] for k in ('NodeID', 'NodeManagerAddress', 'Alive', "
+            "'Resources')} for n in ray.nodes()]))" % self.address
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=self.driver_env(),
+            cwd=self.root,
+        )
         for line in done.stdout.splitlines():
             if line.startswith("NODES="):
-                return json.loads(line[len("NODES="):])
+                return json.loads(line[len("NODES=") :])
         raise RuntimeError(f"could not list the nodes of {self.address}:\n{done.stderr[-3000:]}")
 
     def kill_node(self, node: RayNode, sig: int = signal.SIGKILL) -> None:

@@ -57,10 +57,15 @@ def spread_train_func(config):
         dist.all_reduce(t)
         total += float(t.item())
         time.sleep(config.get("sleep_s", 0.0))
-        metrics = {"step": step, "total": total, "start_step": start, "attempt": ctx.get_attempt(),
-                   "num_nodes": len(set(ips)),
-                   # The actor imported torch, and unpickled this function, with the collector paused (bulk_imports.py).
-                   "collector": [gc.isenabled(), gc.get_freeze_count() > 0]}
+        metrics = {
+            "step": step,
+            "total": total,
+            "start_step": start,
+            "attempt": ctx.get_attempt(),
+            "num_nodes": len(set(ips)),
+            # The actor imported torch, and unpickled this function, with the collector paused (bulk_imports.py).
+            "collector": [gc.isenabled(), gc.get_freeze_count() > 0],
+        }
         with tempfile.TemporaryDirectory() as folder:
             if rank == 0:
                 with open(os.path.join(folder, "state.json"), "w") as f:

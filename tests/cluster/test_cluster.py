@@ -20,25 +20,27 @@ import time
 import uuid
 
 import pytest
-
-import trainlib
 from cluster_harness import BIN, HEAD_IP, REPO_ROOT, LocalRayCluster, can_hide_code, free_port
-from conftest import FASHION_MNIST_MIRROR, start_session_ray
 from cluster_jobs import checkpoint_state, expected_total, spread_train_func
+from conftest import FASHION_MNIST_MIRROR, start_session_ray
 from prefect_helpers import PrefectServer
 from tracking.mlflow_helpers import MlflowServer
+
+import trainlib
 from trainlib.torch import TorchTrainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 NO_NAMESPACES = can_hide_code()
 if NO_NAMESPACES:
-    pytest.skip(f"a node without the code needs a private mount namespace: {NO_NAMESPACES}",
-                allow_module_level=True)
+    pytest.skip(f"a node without the code needs a private mount namespace: {NO_NAMESPACES}", allow_module_level=True)
 
 BUCKET = "trainlib-cluster"
-S3_ENV = {"AWS_ACCESS_KEY_ID": "AKIACLUSTERFAKE", "AWS_SECRET_ACCESS_KEY": "cluster-secret-" + uuid.uuid4().hex,
-          "AWS_DEFAULT_REGION": "us-east-1"}
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "AKIACLUSTERFAKE",
+    "AWS_SECRET_ACCESS_KEY": "cluster-secret-" + uuid.uuid4().hex,
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 MIRROR = FASHION_MNIST_MIRROR
 PROJECT_MODULES = [os.path.join(REPO_ROOT, p) for p in ("trainlib", "tasks", "flows")]
 
@@ -53,9 +55,13 @@ def s3():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     env = dict(S3_ENV, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                 aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1"
-                 ).create_bucket(Bucket=BUCKET)
+    boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    ).create_bucket(Bucket=BUCKET)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # this process is a driver too (reads results back from S3)
     yield env
@@ -138,11 +144,17 @@ print("FOUND=" + json.dumps(found))
 """
     # Run from this folder with the repo on PYTHONPATH, as a careless driver would: Ray then adds
     # the driver's working directory to the workers' path, which must not help the hidden node.
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
-                          env=cluster.driver_env(), cwd=os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=cluster.driver_env(),
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
     line = next((x for x in done.stdout.splitlines() if x.startswith("FOUND=")), None)
     assert line, done.stderr[-4000:]
-    return json.loads(line[len("FOUND="):])
+    return json.loads(line[len("FOUND=") :])
 
 
 def test_node_without_the_code_cannot_import_the_project(cluster):
@@ -159,7 +171,8 @@ def test_training_function_reaches_a_node_without_its_module(cluster, s3):
     storage = f"s3://{BUCKET}/runs"
     with connected(cluster, {"py_modules": [os.path.join(REPO_ROOT, "trainlib")]}):
         result = TorchTrainer(
-            spread_train_func, train_loop_config={"steps": 3},
+            spread_train_func,
+            train_loop_config={"steps": 3},
             scaling_config=trainlib.ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
             run_config=trainlib.RunConfig(name="shipped-" + uuid.uuid4().hex[:6], storage_path=storage),
         ).fit()
@@ -184,10 +197,27 @@ needs_data = pytest.mark.skipif(not os.path.isdir(MIRROR), reason=f"the FashionM
 
 def pipeline_args(services, tmp_path, model_name: str, ray_address: str) -> list[str]:
     """`python -m flows.main` on the cluster: STRICT_SPREAD ranks, S3 storage, the MLflow server."""
-    return ["-m", "flows.main", "--mirrors", MIRROR, *SMALL, "--placement-strategy", "STRICT_SPREAD",
-            "--ray-address", ray_address, "--storage-path", f"s3://{BUCKET}/pipeline",
-            "--mlflow-tracking-uri", services["mlflow_uri"], "--model-name", model_name,
-            "--experiment-name", model_name, "--home", str(tmp_path / "home")]
+    return [
+        "-m",
+        "flows.main",
+        "--mirrors",
+        MIRROR,
+        *SMALL,
+        "--placement-strategy",
+        "STRICT_SPREAD",
+        "--ray-address",
+        ray_address,
+        "--storage-path",
+        f"s3://{BUCKET}/pipeline",
+        "--mlflow-tracking-uri",
+        services["mlflow_uri"],
+        "--model-name",
+        model_name,
+        "--experiment-name",
+        model_name,
+        "--home",
+        str(tmp_path / "home"),
+    ]
 
 
 def pipeline_env(cluster, services, s3) -> dict[str, str]:
@@ -196,12 +226,13 @@ def pipeline_env(cluster, services, s3) -> dict[str, str]:
 
 def assert_champion_loads(services, s3, model_name: str) -> None:
     """The registered champion loads and predicts in a fresh process that never saw this repo."""
-    code = ("import mlflow; m = mlflow.pyfunc.load_model('models:/%s@champion'); "
-            "out = m.predict(m.input_example); print('PREDICTED', len(out))" % model_name)
+    code = (
+        "import mlflow; m = mlflow.pyfunc.load_model('models:/%s@champion'); "
+        "out = m.predict(m.input_example); print('PREDICTED', len(out))" % model_name
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "MLFLOW_", "PREFECT_"))}
     env.update(s3, MLFLOW_TRACKING_URI=services["mlflow_uri"])
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env,
-                          cwd="/")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env, cwd="/")
     assert done.returncode == 0 and "PREDICTED" in done.stdout, done.stderr[-4000:]
 
 
@@ -233,9 +264,14 @@ def test_pipeline_on_the_cluster_by_ray_client(cluster, services, s3, tmp_path):
     of which never had the code."""
     model_name = "cluster-ray-client"
     address = cluster.client_address
-    done = subprocess.run([sys.executable, *pipeline_args(services, tmp_path, model_name, address)],
-                          capture_output=True, text=True, timeout=840, env=pipeline_env(cluster, services, s3),
-                          cwd=REPO_ROOT)
+    done = subprocess.run(
+        [sys.executable, *pipeline_args(services, tmp_path, model_name, address)],
+        capture_output=True,
+        text=True,
+        timeout=840,
+        env=pipeline_env(cluster, services, s3),
+        cwd=REPO_ROOT,
+    )
     output = done.stdout + done.stderr
     # On failure, the Ray Client servers' logs too: the proxier starts one per client, on the head.
     assert done.returncode == 0, output[-8000:] + "\n" + cluster.session_log_tails("ray_client_server*")
@@ -254,9 +290,26 @@ def test_pipeline_as_a_ray_job(cluster, services, s3, tmp_path):
     # The job's environment says where Prefect is; the S3 keys are the nodes' own (never in a job's env).
     runtime_env = {"env_vars": {"PREFECT_API_URL": services["api_url"], "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "false"}}
     done = subprocess.run(
-        [f"{BIN}/ray", "job", "submit", "--address", cluster.dashboard_url, "--working-dir", REPO_ROOT,
-         "--runtime-env-json", json.dumps(runtime_env), "--", "python", *args],
-        capture_output=True, text=True, timeout=840, env=cluster.driver_env(), cwd=REPO_ROOT)
+        [
+            f"{BIN}/ray",
+            "job",
+            "submit",
+            "--address",
+            cluster.dashboard_url,
+            "--working-dir",
+            REPO_ROOT,
+            "--runtime-env-json",
+            json.dumps(runtime_env),
+            "--",
+            "python",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=840,
+        env=cluster.driver_env(),
+        cwd=REPO_ROOT,
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 0 and "succeeded" in output, output[-8000:]
     assert "Test accuracy" in output and f"Ray {cluster.address}" in output, output[-4000:]
@@ -289,11 +342,17 @@ class StopNodeOfRankAfter(trainlib.Callback):
 
 def _spread_trainer(name: str, stopper: StopNodeOfRankAfter, steps: int, placement_timeout_s: float = 60.0):
     return TorchTrainer(
-        spread_train_func, train_loop_config={"steps": steps, "sleep_s": 0.5, "hold_at_step": stopper.step},
-        scaling_config=trainlib.ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD",
-                                              placement_timeout_s=placement_timeout_s),
-        run_config=trainlib.RunConfig(name=name, storage_path=f"s3://{BUCKET}/runs", callbacks=[stopper],
-                                      failure_config=trainlib.FailureConfig(max_failures=1)),
+        spread_train_func,
+        train_loop_config={"steps": steps, "sleep_s": 0.5, "hold_at_step": stopper.step},
+        scaling_config=trainlib.ScalingConfig(
+            num_workers=2, placement_strategy="STRICT_SPREAD", placement_timeout_s=placement_timeout_s
+        ),
+        run_config=trainlib.RunConfig(
+            name=name,
+            storage_path=f"s3://{BUCKET}/runs",
+            callbacks=[stopper],
+            failure_config=trainlib.FailureConfig(max_failures=1),
+        ),
     )
 
 

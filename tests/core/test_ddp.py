@@ -41,13 +41,18 @@ def ddp_train_func():
     with tempfile.TemporaryDirectory() as folder:
         torch.save(model.module.state_dict(), os.path.join(folder, f"weights_rank{rank}.pt"))
         # prepare_model's default: gradients live in DDP's buckets (one copy less per step).
-        trainlib.report({"loss": loss.item(), "bucket_view": model.gradient_as_bucket_view},
-                        checkpoint=trainlib.Checkpoint.from_directory(folder))
+        trainlib.report(
+            {"loss": loss.item(), "bucket_view": model.gradient_as_bucket_view},
+            checkpoint=trainlib.Checkpoint.from_directory(folder),
+        )
 
 
 def test_ddp_averages_gradients_across_ranks(ray_session, storage_path):
-    result = TorchTrainer(ddp_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
-                          run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False)).fit()
+    result = TorchTrainer(
+        ddp_train_func,
+        scaling_config=trainlib.ScalingConfig(num_workers=2),
+        run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False),
+    ).fit()
     assert result.metrics["bucket_view"] is True
     with result.checkpoint.as_directory() as folder:
         # The files of both ranks are merged into one checkpoint.
@@ -93,8 +98,9 @@ def shard_train_func(config):
     rank = trainlib.get_context().get_world_rank()
     loader = DataLoader(IndexDataset(config["n"]), batch_size=5, shuffle=config["shuffle"])
     if config.get("own_sampler"):
-        sampler = DistributedSampler(IndexDataset(config["n"]), num_replicas=2, rank=rank, shuffle=False,
-                                     drop_last=True)
+        sampler = DistributedSampler(
+            IndexDataset(config["n"]), num_replicas=2, rank=rank, shuffle=False, drop_last=True
+        )
         loader = DataLoader(IndexDataset(config["n"]), batch_size=5, sampler=sampler)
     loader = prepare_data_loader(loader)
     with tempfile.TemporaryDirectory() as folder:
@@ -103,8 +109,14 @@ def shard_train_func(config):
                 loader.sampler.set_epoch(epoch)
             seen = [int(i) for batch in loader for i in batch]
             with open(os.path.join(folder, f"rank{rank}_epoch{epoch}.json"), "w") as f:
-                json.dump({"seen": seen, "sampler": type(loader.sampler).__name__,
-                           "drop_last": getattr(loader.sampler, "drop_last", None)}, f)
+                json.dump(
+                    {
+                        "seen": seen,
+                        "sampler": type(loader.sampler).__name__,
+                        "drop_last": getattr(loader.sampler, "drop_last", None),
+                    },
+                    f,
+                )
         trainlib.report({"epochs": config["epochs"]}, checkpoint=trainlib.Checkpoint.from_directory(folder))
 
 
@@ -115,9 +127,12 @@ def _seen(result, rank: int, epoch: int) -> dict:
 
 
 def _fit_shards(storage_path, **config):
-    return TorchTrainer(shard_train_func, train_loop_config={"n": 40, "epochs": 2, **config},
-                        scaling_config=trainlib.ScalingConfig(num_workers=2),
-                        run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False)).fit()
+    return TorchTrainer(
+        shard_train_func,
+        train_loop_config={"n": 40, "epochs": 2, **config},
+        scaling_config=trainlib.ScalingConfig(num_workers=2),
+        run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False),
+    ).fit()
 
 
 def test_each_rank_reads_a_disjoint_shard_reshuffled_each_epoch(ray_session, storage_path):

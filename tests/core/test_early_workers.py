@@ -7,9 +7,9 @@ import time
 
 import pytest
 import ray
+from error_train_funcs import reporting_train_func
 
 import trainlib
-from error_train_funcs import reporting_train_func
 from trainlib import DataParallelTrainer
 
 
@@ -30,9 +30,11 @@ class _WaitsForTheWorkers(trainlib.Callback):
 
 
 def _trainer(storage_path, callback):
-    return DataParallelTrainer(reporting_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
-                               run_config=trainlib.RunConfig(storage_path=storage_path, callbacks=[callback],
-                                                             verbose=False))
+    return DataParallelTrainer(
+        reporting_train_func,
+        scaling_config=trainlib.ScalingConfig(num_workers=2),
+        run_config=trainlib.RunConfig(storage_path=storage_path, callbacks=[callback], verbose=False),
+    )
 
 
 def test_workers_start_during_before_run_and_train(ray_session, storage_path):
@@ -52,5 +54,8 @@ def test_a_before_run_that_stops_the_run_leaves_nothing_running(ray_session, sto
         time.sleep(0.1)
     assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]
     # The reservation is gone, and with it the actors placed in it.
-    assert not [pg for pg in ray.util.placement_group_table().values()
-                if pg["name"] == "trainlib-workers" and pg["state"] != "REMOVED"]
+    assert not [
+        pg
+        for pg in ray.util.placement_group_table().values()
+        if pg["name"] == "trainlib-workers" and pg["state"] != "REMOVED"
+    ]

@@ -139,14 +139,19 @@ def _run_fresh(tmp_path, source: str, marker: str, *args: str, timeout: float):
     script = tmp_path / "job.py"
     script.write_text(source)
     # RAY_DEDUP_LOGS=0: Ray would fold the ranks' alike lines into one "[repeated 2x]" line.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, TESTS_DIR]), "RAY_TMPDIR": "/tmp",
-           "RAY_DEDUP_LOGS": "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([REPO_ROOT, TESTS_DIR]),
+        "RAY_TMPDIR": "/tmp",
+        "RAY_DEDUP_LOGS": "0",
+    }
     env.pop("RAY_ADDRESS", None)
-    out = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, str(script), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     line = next(line for line in out.stdout.splitlines() if line.startswith(marker))
-    return out, json.loads(line[len(marker):])
+    return out, json.loads(line[len(marker) :])
 
 
 def _session_processes(session_dir: str) -> list[str]:
@@ -231,7 +236,9 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
     while _session_processes(state["session_dir"]) and time.time() < deadline:
         time.sleep(0.5)
     assert _session_processes(state["session_dir"]) == []
-    assert not any(pid_running(pid) for pid in state["stand_in_pids"])  # nor the stand-in, whose command names no session
+    assert not any(
+        pid_running(pid) for pid in state["stand_in_pids"]
+    )  # nor the stand-in, whose command names no session
 
 
 SERIALIZERS_SCRIPT = r"""

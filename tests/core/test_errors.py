@@ -8,11 +8,11 @@ import time
 
 import pytest
 import torch
+from conftest import pid_running
+from error_train_funcs import failing_train_func, label_train_func
 
 import trainlib
 import trainlib.torch as trainlib_torch
-from conftest import pid_running
-from error_train_funcs import failing_train_func, label_train_func
 from trainlib import DataParallelTrainer
 from trainlib.torch import TorchTrainer
 
@@ -20,9 +20,12 @@ from trainlib.torch import TorchTrainer
 def _trainer(func, storage_path, config=None, **scaling):
     # DataParallelTrainer: workers without torch (the suite's CPU budget). Their training functions live in
     # error_train_funcs.py: this module imports torch, and the workers would import it with them.
-    return DataParallelTrainer(func, train_loop_config=config,
-                               scaling_config=trainlib.ScalingConfig(**{"num_workers": 2, **scaling}),
-                               run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False))
+    return DataParallelTrainer(
+        func,
+        train_loop_config=config,
+        scaling_config=trainlib.ScalingConfig(**{"num_workers": 2, **scaling}),
+        run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False),
+    )
 
 
 def test_fit_raises_with_the_failing_rank_and_its_traceback_and_stops_the_others(ray_session, storage_path, tmp_path):
@@ -56,13 +59,16 @@ def noop_train_func():
     trainlib.report({"x": 1})
 
 
-@pytest.mark.parametrize("scaling, expected", [
-    ({"use_gpu": True}, "GPU"),
-    ({"resources_per_worker": {"CPU": 64}}, "CPU: 64"),
-    ({"num_workers": 40}, "can hold at most"),
-    ({"resources_per_worker": {"CPU": 1, "TPU": 1}}, "TPU"),
-    ({"use_gpu": False, "accelerator_type": "A100"}, "accelerator_type: A100"),
-])
+@pytest.mark.parametrize(
+    "scaling, expected",
+    [
+        ({"use_gpu": True}, "GPU"),
+        ({"resources_per_worker": {"CPU": 64}}, "CPU: 64"),
+        ({"num_workers": 40}, "can hold at most"),
+        ({"resources_per_worker": {"CPU": 1, "TPU": 1}}, "TPU"),
+        ({"use_gpu": False, "accelerator_type": "A100"}, "accelerator_type: A100"),
+    ],
+)
 def test_unsatisfiable_resources_fail_within_seconds(ray_session, storage_path, scaling, expected):
     start = time.monotonic()
     with pytest.raises(trainlib.ResourcesUnavailableError) as info:
@@ -85,28 +91,33 @@ def test_resources_held_by_others_time_out_with_what_is_free(ray_session, storag
     hog = Hog.remote()
     ray.get(hog.ping.remote())
     try:
-        trainer = DataParallelTrainer(noop_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2,
-                                                                                              placement_timeout_s=2),
-                                      run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False))
+        trainer = DataParallelTrainer(
+            noop_train_func,
+            scaling_config=trainlib.ScalingConfig(num_workers=2, placement_timeout_s=2),
+            run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False),
+        )
         with pytest.raises(trainlib.ResourcesUnavailableError, match=r"Timed out after 2s .* free"):
             trainer.fit()
     finally:
         ray.kill(hog)
 
 
-@pytest.mark.parametrize("make, field", [
-    (lambda: trainlib.ScalingConfig(num_workers=(0, 2)), "num_workers=0 to run the function in this process"),
-    (lambda: trainlib.ScalingConfig(num_workers=-3), "num_workers"),
-    (lambda: trainlib.ScalingConfig(num_workers="2"), "num_workers"),
-    (lambda: trainlib.ScalingConfig(resources_per_worker={"CPU": -1}), "resources_per_worker"),
-    (lambda: trainlib.ScalingConfig(resources_per_worker={"GPU": 1}), "use_gpu=True"),
-    (lambda: trainlib.ScalingConfig(placement_strategy="ANYWHERE"), "PACK"),
-    (lambda: trainlib.CheckpointConfig(num_to_keep=0), "num_to_keep"),
-    (lambda: trainlib.CheckpointConfig(checkpoint_score_order="up"), "'max'"),
-    (lambda: trainlib.FailureConfig(max_failures=-2), "max_failures"),
-    (lambda: trainlib.RunConfig(name="../escape"), "RunConfig.name"),
-    (lambda: trainlib.RunConfig(if_exists="replace"), "if_exists"),
-])
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: trainlib.ScalingConfig(num_workers=(0, 2)), "num_workers=0 to run the function in this process"),
+        (lambda: trainlib.ScalingConfig(num_workers=-3), "num_workers"),
+        (lambda: trainlib.ScalingConfig(num_workers="2"), "num_workers"),
+        (lambda: trainlib.ScalingConfig(resources_per_worker={"CPU": -1}), "resources_per_worker"),
+        (lambda: trainlib.ScalingConfig(resources_per_worker={"GPU": 1}), "use_gpu=True"),
+        (lambda: trainlib.ScalingConfig(placement_strategy="ANYWHERE"), "PACK"),
+        (lambda: trainlib.CheckpointConfig(num_to_keep=0), "num_to_keep"),
+        (lambda: trainlib.CheckpointConfig(checkpoint_score_order="up"), "'max'"),
+        (lambda: trainlib.FailureConfig(max_failures=-2), "max_failures"),
+        (lambda: trainlib.RunConfig(name="../escape"), "RunConfig.name"),
+        (lambda: trainlib.RunConfig(if_exists="replace"), "if_exists"),
+    ],
+)
 def test_bad_configs_name_the_field_and_the_fix(make, field):
     with pytest.raises((ValueError, TypeError)) as info:
         make()
@@ -117,8 +128,11 @@ def test_a_storage_path_that_is_a_file_names_the_field_before_any_worker_starts(
     """Fails on the run's first write (the lease), before Ray is touched: no ray_session needed."""
     a_file = tmp_path / "runs"
     a_file.write_text("not a folder")
-    trainer = DataParallelTrainer(noop_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
-                                  run_config=trainlib.RunConfig(name="r", storage_path=str(a_file), verbose=False))
+    trainer = DataParallelTrainer(
+        noop_train_func,
+        scaling_config=trainlib.ScalingConfig(num_workers=2),
+        run_config=trainlib.RunConfig(name="r", storage_path=str(a_file), verbose=False),
+    )
     with pytest.raises(trainlib.StorageError, match=r"RunConfig\.storage_path=.*NotADirectoryError.*Pass a folder"):
         trainer.fit()
 
@@ -156,12 +170,15 @@ class _Unpicklable:
         raise TypeError("no pickling here")
 
 
-@pytest.mark.parametrize("metrics, expected", [
-    ([1, 2], "takes a dict, got list"),
-    ({"loss": torch.tensor(0.5)}, "call .item()"),
-    ({"loss": torch.ones(3)}, "torch tensor"),
-    ({1: 0.5}, "metric names must be strings"),
-])
+@pytest.mark.parametrize(
+    "metrics, expected",
+    [
+        ([1, 2], "takes a dict, got list"),
+        ({"loss": torch.tensor(0.5)}, "call .item()"),
+        ({"loss": torch.ones(3)}, "torch tensor"),
+        ({1: 0.5}, "metric names must be strings"),
+    ],
+)
 def test_report_rejects_what_ray_train_rejects(metrics, expected):
     # Any picklable value is a valid metric (tests/parity/test_reporting.py); tensors and non-str keys are not.
     # report() runs these checks in the worker; test_a_tensor_metric_is_refused_as_ray_train_refuses_it
@@ -178,61 +195,113 @@ def test_report_makes_numpy_values_plain_and_refuses_unpicklable_ones():
 
     from trainlib._internal.metrics import clean_metrics
 
-    clean = clean_metrics({"a": np.float32(0.5), "b": 3, "c": True, "d": np.int64(7), "e": np.arange(3),
-                           "f": "text", "g": [np.float64(1.5)]})
+    clean = clean_metrics(
+        {
+            "a": np.float32(0.5),
+            "b": 3,
+            "c": True,
+            "d": np.int64(7),
+            "e": np.arange(3),
+            "f": "text",
+            "g": [np.float64(1.5)],
+        }
+    )
     assert clean == {"a": 0.5, "b": 3, "c": True, "d": 7, "e": [0, 1, 2], "f": "text", "g": [1.5]}
     assert type(clean["a"]) is float and type(clean["g"][0]) is float
     with pytest.raises(TypeError, match=r"metrics\['h'\].*cannot be pickled"):
         clean_metrics({"h": _Unpicklable()})
 
 
-@pytest.mark.parametrize("call", [
-    lambda: trainlib.report({"loss": 1.0}),
-    lambda: trainlib.get_context(),
-    lambda: trainlib.get_checkpoint(),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: trainlib.report({"loss": 1.0}),
+        lambda: trainlib.get_context(),
+        lambda: trainlib.get_checkpoint(),
+    ],
+)
 def test_worker_functions_outside_a_worker_say_where_to_call_them(call):
     with pytest.raises(RuntimeError, match="outside a training worker.*train_loop_per_worker"):
         call()
 
 
 def test_public_api_is_pinned():
-    assert sorted(trainlib.__all__) == sorted([
-        "Callback", "Checkpoint", "CheckpointConfig", "CheckpointConsistencyMode", "CheckpointUploadMode",
-        "ControllerError", "DataConfig", "DataParallelTrainer", "FailureConfig", "PreemptionInfo", "ReportRecord",
-        "ReportedCheckpoint", "ReportedCheckpointStatus", "ResourcesUnavailableError", "Result", "RunConfig",
-        "RunExistsError", "RunInfo", "ScalingConfig", "StorageError", "TRAIN_DATASET_KEY", "TrainContext",
-        "TrainingFailedError",
-        "TrainlibError", "WorkerError", "WorkerGroupError", "get_all_reported_checkpoints", "get_checkpoint",
-        "get_context", "get_dataset_shard", "get_preemption_info", "report",
-    ])
+    assert sorted(trainlib.__all__) == sorted(
+        [
+            "Callback",
+            "Checkpoint",
+            "CheckpointConfig",
+            "CheckpointConsistencyMode",
+            "CheckpointUploadMode",
+            "ControllerError",
+            "DataConfig",
+            "DataParallelTrainer",
+            "FailureConfig",
+            "PreemptionInfo",
+            "ReportRecord",
+            "ReportedCheckpoint",
+            "ReportedCheckpointStatus",
+            "ResourcesUnavailableError",
+            "Result",
+            "RunConfig",
+            "RunExistsError",
+            "RunInfo",
+            "ScalingConfig",
+            "StorageError",
+            "TRAIN_DATASET_KEY",
+            "TrainContext",
+            "TrainingFailedError",
+            "TrainlibError",
+            "WorkerError",
+            "WorkerGroupError",
+            "get_all_reported_checkpoints",
+            "get_checkpoint",
+            "get_context",
+            "get_dataset_shard",
+            "get_preemption_info",
+            "report",
+        ]
+    )
     assert sorted(trainlib_torch.__all__) == [
-        "TorchConfig", "TorchTrainer", "accelerate", "backward", "enable_reproducibility", "get_device",
-        "get_devices", "prepare_data_loader", "prepare_model", "prepare_optimizer",
+        "TorchConfig",
+        "TorchTrainer",
+        "accelerate",
+        "backward",
+        "enable_reproducibility",
+        "get_device",
+        "get_devices",
+        "prepare_data_loader",
+        "prepare_model",
+        "prepare_optimizer",
     ]
 
 
 def test_report_validation_says_trainlib_has_none():
     # Checked before anything else, so it shows on the driver too: no worker needed.
-    with pytest.raises(ValueError, match=r"report\(validation=True\): trainlib has no asynchronous checkpoint "
-                                         r"validation.*Drop validation="):
+    with pytest.raises(
+        ValueError,
+        match=r"report\(validation=True\): trainlib has no asynchronous checkpoint "
+        r"validation.*Drop validation=",
+    ):
         trainlib.report({"loss": 1.0}, validation=True)
     with pytest.raises(RuntimeError):  # the default is accepted: only "outside a worker" remains
         trainlib.report({"loss": 1.0}, validation=False)
 
 
-def test_label_selector_places_workers_by_node_label_and_a_missing_label_times_out_naming_it(ray_session,
-                                                                                             storage_path):
+def test_label_selector_places_workers_by_node_label_and_a_missing_label_times_out_naming_it(ray_session, storage_path):
     import ray
 
     node_id = ray.get_runtime_context().get_node_id()
     # Ray labels every node with its id: the selector matches this node, and the workers run there.
     result = _trainer(label_train_func, storage_path, label_selector={"ray.io/node-id": node_id}).fit()
     assert result.metrics["node"] == node_id
-    trainer = _trainer(label_train_func, storage_path, label_selector=[{"ray.io/node-id": "no-such-node"}] * 2,
-                       placement_timeout_s=2)
-    with pytest.raises(trainlib.ResourcesUnavailableError,
-                       match=r"label_selector=.*no-such-node.*the nodes. labels: \[{.ray.io/node-id.: "):
+    trainer = _trainer(
+        label_train_func, storage_path, label_selector=[{"ray.io/node-id": "no-such-node"}] * 2, placement_timeout_s=2
+    )
+    with pytest.raises(
+        trainlib.ResourcesUnavailableError,
+        match=r"label_selector=.*no-such-node.*the nodes. labels: \[{.ray.io/node-id.: ",
+    ):
         trainer.fit()
     with pytest.raises(ValueError, match="list of 1 selectors for 2 workers"):
         trainlib.ScalingConfig(num_workers=2, label_selector=[{"zone": "a"}])

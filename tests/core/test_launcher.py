@@ -59,14 +59,20 @@ def _launch(tmp_path, source: str, *args: str, env_extra: dict[str, str] | None 
     if "RAY_ADDRESS" not in (env_extra or {}):
         env.pop("RAY_ADDRESS", None)
     # From another folder: the script's folder, not the working one, must come first on its import path.
-    return subprocess.run([sys.executable, "-m", "trainlib", str(script), *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trainlib", str(script), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _state(out: subprocess.CompletedProcess) -> dict:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     line = next(line for line in out.stdout.splitlines() if line.startswith("STATE "))
-    return json.loads(line[len("STATE "):])
+    return json.loads(line[len("STATE ") :])
 
 
 @pytest.mark.timeout(600)
@@ -94,8 +100,14 @@ def test_a_scripts_own_ray_init_gets_the_ray_it_asks_for(tmp_path):
 
 
 def test_nothing_starts_for_a_missing_script_or_a_cluster_address(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "trainlib", str(tmp_path / "missing.py")], cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": REPO_ROOT}, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainlib", str(tmp_path / "missing.py")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "missing.py': no such file" in out.stderr
     # A cluster's address: fit() would join it, not start a Ray, so nothing is started ahead either.
     out = _launch(tmp_path, PROBE_SCRIPT, env_extra={"RAY_ADDRESS": "127.0.0.1:1"}, timeout=60)

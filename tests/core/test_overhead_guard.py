@@ -44,15 +44,34 @@ def test_tutorial_job_has_no_gross_overhead_regression(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = REPO_ROOT
     out = subprocess.run(
-        [sys.executable, os.path.join(REPO_ROOT, "bench", "bench_overhead.py"), "--variants", "trainlib",
-         "--steps", "6", "--warmup-steps", "2", "--repeats", "1", "--data", str(mirror),
-         "--results-dir", str(tmp_path / "results")],
-        capture_output=True, text=True, timeout=1100, env=env, cwd=REPO_ROOT,
+        [
+            sys.executable,
+            os.path.join(REPO_ROOT, "bench", "bench_overhead.py"),
+            "--variants",
+            "trainlib",
+            "--steps",
+            "6",
+            "--warmup-steps",
+            "2",
+            "--repeats",
+            "1",
+            "--data",
+            str(mirror),
+            "--results-dir",
+            str(tmp_path / "results"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1100,
+        env=env,
+        cwd=REPO_ROOT,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (run,) = json.loads((tmp_path / "results" / "overhead.json").read_text())["runs"]
-    factor = max(_load_factor(load_before, run["load_average_at_start"], os.getloadavg()),
-                 recorded["steady_steps_per_s"] / run["steady_steps_per_s"])
+    factor = max(
+        _load_factor(load_before, run["load_average_at_start"], os.getloadavg()),
+        recorded["steady_steps_per_s"] / run["steady_steps_per_s"],
+    )
     assert run["steps"] == 6 and run["world_size"] == 2
     assert run["leftover_processes"] == []
     # The benchmark's own output, end to end (its units are tests/unit/test_bench_overhead.py).
@@ -63,7 +82,9 @@ def test_tutorial_job_has_no_gross_overhead_regression(tmp_path):
         f"the job's fixed cost (wall time outside the steps) was {run['outside_steps_s']:.1f} s, over "
         f"{GROSS}x the recorded median {recorded['outside_steps_s']:.1f} s x slowness factor {factor:.1f} (steps "
         f"{run['steady_steps_per_s']:.2f}/s, recorded {recorded['steady_steps_per_s']:.2f}/s): "
-        f"phases {run['phases_s']}; profile with bench/bench_overhead.py")
+        f"phases {run['phases_s']}; profile with bench/bench_overhead.py"
+    )
     assert run["peak_rss_bytes"] <= GROSS * recorded["peak_rss_bytes"], (
         f"peak RSS of the job's process tree {run['peak_rss_bytes'] / 1e9:.2f} GB is over {GROSS}x the recorded "
-        f"median {recorded['peak_rss_bytes'] / 1e9:.2f} GB")
+        f"median {recorded['peak_rss_bytes'] / 1e9:.2f} GB"
+    )

@@ -36,8 +36,8 @@ def converted_seed() -> str:
 def test_example_is_exactly_the_converted_seed():
     with open(EXAMPLE) as f:
         example = f.read()
-    body = example[example.index("import os"):]
-    assert body == converted_seed()[converted_seed().index("import os"):]
+    body = example[example.index("import os") :]
+    assert body == converted_seed()[converted_seed().index("import os") :]
     assert "ray" not in body.replace("trainlib", "")  # nothing of Ray Train is left
 
 
@@ -49,11 +49,17 @@ def _run_tutorial(tmp_path, data_folder: str, timeout_s: float = 600) -> subproc
     script = tmp_path / "tutorial.py"
     script.write_text(converted_seed() + CHECK)
     # RAY_TMPDIR keeps Ray's socket paths short (AF_UNIX paths are limited to 107 bytes).
-    env = {**os.environ, "TMPDIR": str(tmpdir), "RAY_TMPDIR": "/tmp", "HOME": str(tmp_path / "home"),
-           "PYTHONPATH": REPO_ROOT}
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmpdir),
+        "RAY_TMPDIR": "/tmp",
+        "HOME": str(tmp_path / "home"),
+        "PYTHONPATH": REPO_ROOT,
+    }
     env.pop("RAY_ADDRESS", None)
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
 
 
 def test_tutorial_runs_on_generated_fashion_mnist(tmp_path):
@@ -66,15 +72,18 @@ def test_tutorial_runs_on_generated_fashion_mnist(tmp_path):
     assert "'epoch': 9" in proc.stdout + proc.stderr
     runs = os.listdir(tmp_path / "home" / "trainlib_results")
     assert len(runs) == 1
-    checkpoints = sorted(c for c in os.listdir(tmp_path / "home" / "trainlib_results" / runs[0])
-                         if c.startswith("checkpoint_"))
+    checkpoints = sorted(
+        c for c in os.listdir(tmp_path / "home" / "trainlib_results" / runs[0]) if c.startswith("checkpoint_")
+    )
     assert len(checkpoints) == 10
 
 
 @pytest.mark.timeout(3 * 3600)
-@pytest.mark.skipif(os.environ.get("TRAINLIB_REAL_TUTORIAL") != "1",
-                    reason="the full tutorial on the real 60,000 images takes about 20 minutes on 2 cores: "
-                           "set TRAINLIB_REAL_TUTORIAL=1 (make tutorial runs it as well)")
+@pytest.mark.skipif(
+    os.environ.get("TRAINLIB_REAL_TUTORIAL") != "1",
+    reason="the full tutorial on the real 60,000 images takes about 20 minutes on 2 cores: "
+    "set TRAINLIB_REAL_TUTORIAL=1 (make tutorial runs it as well)",
+)
 def test_tutorial_runs_on_real_fashion_mnist(tmp_path):
     proc = _run_tutorial(tmp_path, FASHION_MNIST_MIRROR, timeout_s=3 * 3600)
     assert proc.returncode == 0, proc.stderr[-6000:]

@@ -34,11 +34,13 @@ def priority_train_func():
     thread = threading.Thread(target=lambda: seen.update(child=os.getpriority(os.PRIO_PROCESS, 0)))
     thread.start()
     thread.join()
-    trainlib.report({
-        "nice_train_thread": os.getpriority(os.PRIO_PROCESS, 0),
-        "nice_child_thread": seen["child"],
-        "nice_raylet": os.getpriority(os.PRIO_PROCESS, os.getppid()),
-    })
+    trainlib.report(
+        {
+            "nice_train_thread": os.getpriority(os.PRIO_PROCESS, 0),
+            "nice_child_thread": seen["child"],
+            "nice_raylet": os.getpriority(os.PRIO_PROCESS, os.getppid()),
+        }
+    )
 
 
 @pytest.mark.integration
@@ -46,7 +48,8 @@ def priority_train_func():
 def test_training_threads_run_at_the_nodes_priority(ray_session, storage_path):
     # DataParallelTrainer: workers without torch (the suite's CPU budget); every trainer's worker sets the priority.
     result = DataParallelTrainer(
-        priority_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
+        priority_train_func,
+        scaling_config=trainlib.ScalingConfig(num_workers=2),
         run_config=trainlib.RunConfig(name="priority", storage_path=storage_path),
     ).fit()
     m = result.metrics

@@ -23,10 +23,14 @@ class MotoS3:
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self.bucket = "faults-" + uuid.uuid4().hex[:8]
-        self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "AKIAFAULTSFAKE",
-                    "AWS_SECRET_ACCESS_KEY": "faults-secret-" + uuid.uuid4().hex, "AWS_DEFAULT_REGION": "us-east-1"}
+        self.env = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "AKIAFAULTSFAKE",
+            "AWS_SECRET_ACCESS_KEY": "faults-secret-" + uuid.uuid4().hex,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
 
-    def __enter__(self) -> "MotoS3":
+    def __enter__(self) -> MotoS3:
         self.server.start()
         self.fs().mkdir(self.bucket)
         return self
@@ -34,12 +38,19 @@ class MotoS3:
     def fs(self):
         import s3fs
 
-        return s3fs.S3FileSystem(endpoint_url=self.endpoint, key=self.env["AWS_ACCESS_KEY_ID"],
-                                 secret=self.env["AWS_SECRET_ACCESS_KEY"], skip_instance_cache=True)
+        return s3fs.S3FileSystem(
+            endpoint_url=self.endpoint,
+            key=self.env["AWS_ACCESS_KEY_ID"],
+            secret=self.env["AWS_SECRET_ACCESS_KEY"],
+            skip_instance_cache=True,
+        )
 
     def options(self) -> dict:
-        return {"endpoint_url": self.endpoint, "key": self.env["AWS_ACCESS_KEY_ID"],
-                "secret": self.env["AWS_SECRET_ACCESS_KEY"]}
+        return {
+            "endpoint_url": self.endpoint,
+            "key": self.env["AWS_ACCESS_KEY_ID"],
+            "secret": self.env["AWS_SECRET_ACCESS_KEY"],
+        }
 
     def __exit__(self, *exc) -> None:
         self.server.stop()
@@ -47,8 +58,19 @@ class MotoS3:
 
 def start_driver(script: str, env: dict | None = None, cwd: str | None = None) -> subprocess.Popen:
     """Run ``script`` (Python source) as a separate driver process with this checkout on its path."""
-    full_env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.path.join(REPO_ROOT, "tests"),
-                                                                           os.path.join(REPO_ROOT, "tests", "faults")])}
-    return subprocess.Popen([PYTHON, "-c", textwrap.dedent(script)], env=full_env, cwd=cwd or REPO_ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
+    full_env = {
+        **os.environ,
+        **(env or {}),
+        "PYTHONPATH": os.pathsep.join(
+            [REPO_ROOT, os.path.join(REPO_ROOT, "tests"), os.path.join(REPO_ROOT, "tests", "faults")]
+        ),
+    }
+    return subprocess.Popen(
+        [PYTHON, "-c", textwrap.dedent(script)],
+        env=full_env,
+        cwd=cwd or REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )

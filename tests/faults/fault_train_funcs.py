@@ -109,8 +109,9 @@ def counting_train_func(config):
         with tempfile.TemporaryDirectory() as folder:
             with open(os.path.join(folder, "state.txt"), "w") as f:
                 f.write(f"{epoch} {w!r}")
-            trainlib.report({"epoch": epoch, "w": w, "start_epoch": start},
-                            checkpoint=trainlib.Checkpoint.from_directory(folder))
+            trainlib.report(
+                {"epoch": epoch, "w": w, "start_epoch": start}, checkpoint=trainlib.Checkpoint.from_directory(folder)
+            )
 
 
 def expected_w(epochs: int) -> float:

@@ -12,9 +12,9 @@ import os
 import subprocess
 
 import pytest
+from fault_train_funcs import symlink_train_func
 
 import trainlib
-from fault_train_funcs import symlink_train_func
 from trainlib import DataParallelTrainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -33,9 +33,11 @@ def secret_file(tmp_path):
 @pytest.mark.parametrize("target", ["file", "folder"])
 def test_link_leaving_the_folder_is_refused(ray_session, storage_path, secret_file, target):
     link_to = str(secret_file if target == "file" else secret_file.parent)
-    trainer = DataParallelTrainer(symlink_train_func, train_loop_config={"link_to": link_to},
-                                  run_config=trainlib.RunConfig(name=f"links-{target}", storage_path=storage_path,
-                                                                verbose=False))
+    trainer = DataParallelTrainer(
+        symlink_train_func,
+        train_loop_config={"link_to": link_to},
+        run_config=trainlib.RunConfig(name=f"links-{target}", storage_path=storage_path, verbose=False),
+    )
     with pytest.raises(trainlib.TrainingFailedError) as info:
         trainer.fit()
     cause = info.value.failures[0].cause
@@ -54,8 +56,10 @@ def test_link_leaving_the_folder_is_refused(ray_session, storage_path, secret_fi
 
 def test_link_inside_the_folder_is_stored_as_a_file(ray_session, storage_path):
     config = {"link_to": "state.txt", "link_name": "alias.txt"}
-    result = DataParallelTrainer(symlink_train_func, train_loop_config=config,
-                                 run_config=trainlib.RunConfig(name="links-inside", storage_path=storage_path,
-                                                               verbose=False)).fit()
+    result = DataParallelTrainer(
+        symlink_train_func,
+        train_loop_config=config,
+        run_config=trainlib.RunConfig(name="links-inside", storage_path=storage_path, verbose=False),
+    ).fit()
     stored = os.path.join(result.checkpoint.path, "alias.txt")
     assert not os.path.islink(stored) and open(stored).read() == "second"

@@ -17,10 +17,10 @@ import time
 
 import fsspec
 import pytest
-
-import trainlib
 from fault_helpers import MotoS3, start_driver
 from fault_train_funcs import counting_train_func, expected_w
+
+import trainlib
 from trainlib import DataParallelTrainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -69,10 +69,12 @@ def _wait_for(fs, path: str, process, timeout: float = 180.0) -> None:
 
 
 def _fit_b(storage_path, options, epochs=EPOCHS):
-    return DataParallelTrainer(counting_train_func, train_loop_config={"epochs": epochs},
-                               scaling_config=trainlib.ScalingConfig(num_workers=1),
-                               run_config=trainlib.RunConfig(name="shared", storage_path=storage_path,
-                                                             storage_options=options, verbose=False)).fit()
+    return DataParallelTrainer(
+        counting_train_func,
+        train_loop_config={"epochs": epochs},
+        scaling_config=trainlib.ScalingConfig(num_workers=1),
+        run_config=trainlib.RunConfig(name="shared", storage_path=storage_path, storage_options=options, verbose=False),
+    ).fit()
 
 
 def test_second_driver_on_a_live_run_is_refused(where):
@@ -113,8 +115,11 @@ def test_dead_drivers_run_is_taken_over_and_resumed(ray_session, where):
     # Recognisably stale: readers are told that the driver is gone and how to resume.
     stale = trainlib.Result.from_path(f"{storage_path}/shared", storage_options=options)
     assert stale.error is not None and "is gone" in str(stale.error) and f"pid {a.pid}" in str(stale.error)
-    kept = {p: fs.cat_file(f"{p}/.trainlib_commit.json") for p in fs.glob(f"{run}/checkpoint_*")
-            if fs.exists(f"{p}/.trainlib_commit.json")}
+    kept = {
+        p: fs.cat_file(f"{p}/.trainlib_commit.json")
+        for p in fs.glob(f"{run}/checkpoint_*")
+        if fs.exists(f"{p}/.trainlib_commit.json")
+    }
     assert len(kept) >= 3
     result = _fit_b(storage_path, options)
     df = result.metrics_dataframe

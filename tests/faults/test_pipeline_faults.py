@@ -16,7 +16,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO_ROOT, free_port
 from fault_helpers import start_driver
 
@@ -26,9 +25,14 @@ pytestmark = pytest.mark.timeout(120)
 def _cli(tmp_path, *args, timeout=90):
     port = free_port()
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "flows.main", "--home", str(tmp_path / "home"), "--prefect-port",
-                           str(port), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": REPO_ROOT, "PREFECT_API_URL": ""})
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.main", "--home", str(tmp_path / "home"), "--prefect-port", str(port), *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT, "PREFECT_API_URL": ""},
+    )
     with socket.socket() as s:  # no Prefect server was started on the port
         assert s.connect_ex(("127.0.0.1", port)) != 0
     return done, time.monotonic() - started
@@ -79,8 +83,11 @@ def _signal_state(pid: int) -> str:
     """The process's state and signal masks (pending, blocked, ignored, caught) from /proc."""
     try:
         with open(f"/proc/{pid}/status") as f:
-            return "; ".join(line.strip() for line in f if line.startswith(("State", "SigPnd", "ShdPnd", "SigBlk",
-                                                                            "SigIgn", "SigCgt", "Threads")))
+            return "; ".join(
+                line.strip()
+                for line in f
+                if line.startswith(("State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt", "Threads"))
+            )
     except OSError as exc:
         return f"unreadable ({exc})"
 
@@ -96,8 +103,10 @@ def test_signal_stops_the_command_within_its_grace_period(signum):
     except subprocess.TimeoutExpired:  # seen once in a full suite run, not reproduced: say what the child was doing
         status = _signal_state(process.pid)
         process.kill()
-        pytest.fail(f"the command did not stop within 30 s of {signum.name}; its state: {status}; its output: "
-                    f"{process.communicate()[0]!r}")
+        pytest.fail(
+            f"the command did not stop within 30 s of {signum.name}; its state: {status}; its output: "
+            f"{process.communicate()[0]!r}"
+        )
     assert time.monotonic() - started < 3 + 10
     assert process.returncode == 128 + signum, out
     assert "INTERRUPTED" in out and "Stopping the pipeline" in out and "rerun with the same --run-name" in out, out

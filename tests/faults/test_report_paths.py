@@ -13,9 +13,9 @@ import uuid
 
 import fsspec
 import pytest
+from conftest import controller_on
 
 import trainlib
-from conftest import controller_on
 from trainlib._internal.execution import staging
 from trainlib._internal.execution.messages import ReportMessage
 from trainlib._internal.execution.session import ReportOptions, WorkerSession
@@ -108,9 +108,19 @@ def test_retention_never_deletes_the_folder_that_a_later_step_was_committed_into
 
     for step in (1, 2):
         storage.fs.pipe_file(f"{path}/model.txt", f"step{step}".encode())
-        controller._add_report({}, set(), 1, ReportMessage(rank=0, step=step, metrics={"step": step}, manifest={},
-                                                    reported_at=float(step),
-                                                    placement=CheckpointPlacement("latest", in_place=True)))
+        controller._add_report(
+            {},
+            set(),
+            1,
+            ReportMessage(
+                rank=0,
+                step=step,
+                metrics={"step": step},
+                manifest={},
+                reported_at=float(step),
+                placement=CheckpointPlacement("latest", in_place=True),
+            ),
+        )
     assert [(c.step, c.path) for c in controller.committed] == [(2, path)]
     (committed,) = storage.committed_checkpoints()
     assert (committed.step, committed.path) == (2, path)

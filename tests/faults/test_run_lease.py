@@ -11,12 +11,12 @@ import time
 
 import fsspec
 import pytest
-
 from fault_helpers import MotoS3
-from trainlib.errors import RunExistsError, RunInUseError
+
 from trainlib._internal.storage.lease import RunLease, read_lease
 from trainlib._internal.storage.lease_record import LeaseRecord, lease_file_name
 from trainlib._internal.storage.run_storage import RunStorage
+from trainlib.errors import RunExistsError, RunInUseError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -76,8 +76,11 @@ def test_expired_heartbeat_is_taken_over_and_the_old_owner_learns_it(storage):
 def test_dead_owner_process_is_taken_over_at_once(storage):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        record = dataclasses.replace(LeaseRecord.mine(1), pid=child.pid,
-                                     pid_start=int(open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[19]))
+        record = dataclasses.replace(
+            LeaseRecord.mine(1),
+            pid=child.pid,
+            pid_start=int(open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[19]),
+        )
         RunLease(storage)._create(f"{storage.run_path}/{lease_file_name(1)}", record.to_bytes())
         with pytest.raises(RunInUseError, match=f"pid {child.pid}"):
             RunLease(storage).acquire()  # alive: refused

@@ -9,9 +9,9 @@ import os
 import tempfile
 
 import pytest
+from fault_train_funcs import steps_train_func
 
 import trainlib
-from fault_train_funcs import steps_train_func
 from trainlib import DataParallelTrainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -64,10 +64,12 @@ def test_reports_every_rank_made_before_failing_are_all_committed_in_order(ray_s
         name, folder = f"flushed-{run}", tmp_path / f"markers{run}"
         folder.mkdir()
         with pytest.raises(trainlib.TrainingFailedError):
-            DataParallelTrainer(raise_after_three_reports_train_func, train_loop_config={"folder": str(folder)},
-                                scaling_config=trainlib.ScalingConfig(num_workers=2),
-                                run_config=trainlib.RunConfig(name=name, storage_path=storage_path,
-                                                              verbose=False)).fit()
+            DataParallelTrainer(
+                raise_after_three_reports_train_func,
+                train_loop_config={"folder": str(folder)},
+                scaling_config=trainlib.ScalingConfig(num_workers=2),
+                run_config=trainlib.RunConfig(name=name, storage_path=storage_path, verbose=False),
+            ).fit()
         with open(os.path.join(storage_path, name, "metrics.jsonl")) as f:
             assert [json.loads(line)["step"] for line in f] == [1, 2, 3], f"run {run}"
         assert trainlib.Result.from_path(os.path.join(storage_path, name)).metrics == {"i": 2}
@@ -75,8 +77,9 @@ def test_reports_every_rank_made_before_failing_are_all_committed_in_order(ray_s
 
 def test_huge_metric_name_is_refused_by_report_naming_the_limit(ray_session, storage_path):
     with pytest.raises(trainlib.TrainingFailedError) as info:
-        DataParallelTrainer(huge_name_train_func, run_config=trainlib.RunConfig(
-            name="huge", storage_path=storage_path, verbose=False)).fit()
+        DataParallelTrainer(
+            huge_name_train_func, run_config=trainlib.RunConfig(name="huge", storage_path=storage_path, verbose=False)
+        ).fit()
     cause = info.value.failures[0].cause
     assert "ValueError" in cause and "10000000 characters" in cause and "250" in cause, cause[:500]
     assert len(str(info.value)) < 20_000  # the name itself is not repeated in full
@@ -85,23 +88,29 @@ def test_huge_metric_name_is_refused_by_report_naming_the_limit(ray_session, sto
 
 def test_two_ranks_writing_one_file_is_named_and_the_checkpoint_stays_valid(ray_session, storage_path, caplog):
     with caplog.at_level(logging.WARNING, logger="trainlib"):
-        result = DataParallelTrainer(steps_train_func, train_loop_config={"steps": 2, "both": True},
-                                     scaling_config=trainlib.ScalingConfig(num_workers=2),
-                                     run_config=trainlib.RunConfig(name="both", storage_path=storage_path,
-                                                                   verbose=False)).fit()
+        result = DataParallelTrainer(
+            steps_train_func,
+            train_loop_config={"steps": 2, "both": True},
+            scaling_config=trainlib.ScalingConfig(num_workers=2),
+            run_config=trainlib.RunConfig(name="both", storage_path=storage_path, verbose=False),
+        ).fit()
     warnings = [r.getMessage() for r in caplog.records if "all wrote 'model.pt'" in r.getMessage()]
     assert len(warnings) == 1 and "get_world_rank() == 0" in warnings[0], caplog.text  # once per run
     assert sorted(os.path.basename(c.path) for c, _ in result.best_checkpoints) == [
-        "checkpoint_000001", "checkpoint_000002"]
+        "checkpoint_000001",
+        "checkpoint_000002",
+    ]
     with result.checkpoint.as_directory() as folder:  # verifiable (sizes recorded as stored) and readable
         assert open(os.path.join(folder, "model.pt")).read() in ("rank0 step2", "rank1 step2")
 
 
 def test_killed_rank_is_named_with_where_to_find_its_exit_status(ray_session, storage_path):
     with pytest.raises(trainlib.TrainingFailedError) as info:
-        DataParallelTrainer(killed_rank_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
-                            run_config=trainlib.RunConfig(name="killed", storage_path=storage_path,
-                                                          verbose=False)).fit()
+        DataParallelTrainer(
+            killed_rank_train_func,
+            scaling_config=trainlib.ScalingConfig(num_workers=2),
+            run_config=trainlib.RunConfig(name="killed", storage_path=storage_path, verbose=False),
+        ).fit()
     failure = info.value.failures[0]
     assert failure.rank == 1, str(info.value)
     assert "died" in failure.cause and "pid" in failure.cause and "dmesg" in failure.cause, failure.cause
@@ -130,7 +139,11 @@ def test_failed_runs_leave_no_staging_folders(ray_session, tmp_path):
 
     with MotoS3() as s3:
         with pytest.raises(trainlib.TrainingFailedError):
-            DataParallelTrainer(killed_rank_train_func, scaling_config=trainlib.ScalingConfig(num_workers=2),
-                                run_config=trainlib.RunConfig(name="leftovers", storage_path=f"s3://{s3.bucket}/runs",
-                                                              storage_options=s3.options(), verbose=False)).fit()
+            DataParallelTrainer(
+                killed_rank_train_func,
+                scaling_config=trainlib.ScalingConfig(num_workers=2),
+                run_config=trainlib.RunConfig(
+                    name="leftovers", storage_path=f"s3://{s3.bucket}/runs", storage_options=s3.options(), verbose=False
+                ),
+            ).fit()
     assert _staging_folders_of(f"{s3.bucket}/runs/leftovers") == []

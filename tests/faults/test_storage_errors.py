@@ -13,14 +13,14 @@ import uuid
 
 import fsspec
 import pytest
+from fault_helpers import MotoS3
+from fault_train_funcs import steps_train_func
 from fsspec.implementations.local import LocalFileSystem
 
 import trainlib
-from fault_helpers import MotoS3
-from fault_train_funcs import steps_train_func
-from trainlib.errors import StorageError
-from trainlib._internal.storage.run_storage import RunStorage
 from trainlib import DataParallelTrainer
+from trainlib._internal.storage.run_storage import RunStorage
+from trainlib.errors import StorageError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -47,10 +47,15 @@ class FailingFileSystem(LocalFileSystem):
         self._fail(rpath)
 
 
-@pytest.mark.parametrize("error_number, cause", [(errno.ENOSPC, "No space left on device"),
-                                                 (errno.EACCES, "Permission denied"),
-                                                 (errno.EROFS, "Read-only file system"),
-                                                 (errno.EDQUOT, "Disk quota exceeded")])
+@pytest.mark.parametrize(
+    "error_number, cause",
+    [
+        (errno.ENOSPC, "No space left on device"),
+        (errno.EACCES, "Permission denied"),
+        (errno.EROFS, "Read-only file system"),
+        (errno.EDQUOT, "Disk quota exceeded"),
+    ],
+)
 def test_permanent_errors_fail_at_once_naming_path_and_cause(tmp_path, error_number, cause):
     fs = FailingFileSystem(error_number, skip_instance_cache=True)
     storage = RunStorage(fs, str(tmp_path), "run")
@@ -106,8 +111,11 @@ def tiny_disk(tmp_path):
 
 @pytest.mark.integration
 def test_full_disk_fails_the_run_fast_and_keeps_what_was_committed(ray_session, tiny_disk):
-    trainer = DataParallelTrainer(steps_train_func, train_loop_config={"steps": 50, "big_bytes": 200_000},
-                                  run_config=trainlib.RunConfig(name="full", storage_path=tiny_disk, verbose=False))
+    trainer = DataParallelTrainer(
+        steps_train_func,
+        train_loop_config={"steps": 50, "big_bytes": 200_000},
+        run_config=trainlib.RunConfig(name="full", storage_path=tiny_disk, verbose=False),
+    )
     started = time.monotonic()
     with pytest.raises(trainlib.TrainlibError) as info:
         trainer.fit()

@@ -6,18 +6,20 @@ import logging
 import os
 
 import pytest
+from fault_train_funcs import steps_train_func
 
 import trainlib
-from fault_train_funcs import steps_train_func
 from trainlib import DataParallelTrainer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 def _fit(storage_path, steps, **kw):
-    return DataParallelTrainer(steps_train_func, train_loop_config={"steps": steps},
-                               run_config=trainlib.RunConfig(name="torn", storage_path=storage_path, verbose=False,
-                                                             **kw)).fit()
+    return DataParallelTrainer(
+        steps_train_func,
+        train_loop_config={"steps": steps},
+        run_config=trainlib.RunConfig(name="torn", storage_path=storage_path, verbose=False, **kw),
+    ).fit()
 
 
 def test_torn_last_line_is_ignored_by_readers_and_resume(ray_session, storage_path, caplog):

@@ -15,12 +15,12 @@ import threading
 import time
 
 import pytest
-
-import trainlib
 from fault_helpers import start_driver
 from fault_train_funcs import steps_train_func
-from trainlib._internal import tunables
+
+import trainlib
 from trainlib import DataParallelTrainer
+from trainlib._internal import tunables
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -38,9 +38,11 @@ def test_a_hanging_callback_delays_no_commit(ray_session, storage_path, monkeypa
     monkeypatch.setattr(tunables, "CALLBACK_DRAIN_TIMEOUT_S", 5.0)
     callback = HangingCallback()
     started = time.monotonic()
-    result = DataParallelTrainer(steps_train_func, train_loop_config={"steps": 4, "sleep_s": 0.2},
-                                 run_config=trainlib.RunConfig(name="hang", storage_path=storage_path, verbose=False,
-                                                               callbacks=[callback])).fit()
+    result = DataParallelTrainer(
+        steps_train_func,
+        train_loop_config={"steps": 4, "sleep_s": 0.2},
+        run_config=trainlib.RunConfig(name="hang", storage_path=storage_path, verbose=False, callbacks=[callback]),
+    ).fit()
     elapsed = time.monotonic() - started
     assert elapsed < 90, elapsed
     assert callback.calls == 1  # the first call hangs; nothing else waited for it
@@ -49,8 +51,9 @@ def test_a_hanging_callback_delays_no_commit(ray_session, storage_path, monkeypa
     for step, reported_at in zip(rows["step"], rows["timestamp"]):
         marker = json.load(open(os.path.join(result.path, f"checkpoint_{step:06d}", ".trainlib_commit.json")))
         assert marker["committed_at"] - reported_at < 5, (step, marker["committed_at"] - reported_at)
-    assert any("HangingCallback" in r.getMessage() and "not finished" in r.getMessage() for r in caplog.records), \
+    assert any("HangingCallback" in r.getMessage() and "not finished" in r.getMessage() for r in caplog.records), (
         caplog.text
+    )
 
 
 @pytest.fixture

@@ -18,11 +18,11 @@ import uuid
 
 import fsspec
 import pytest
-
-import trainlib
+from conftest import REPO_ROOT, controller_on
 from fault_helpers import PYTHON, MotoS3
 from fault_train_funcs import sharded_train_func
-from conftest import REPO_ROOT, controller_on
+
+import trainlib
 from trainlib import DataParallelTrainer
 from trainlib._internal.execution import staging
 from trainlib._internal.execution.messages import CheckpointPlacement
@@ -39,11 +39,17 @@ def test_dead_workers_staged_uploads_are_finished_before_the_restart(ray_session
     with MotoS3() as s3:
         fs = s3.fs()
         trainer = DataParallelTrainer(
-            sharded_train_func, train_loop_config={"steps": 5, "die_after": 3, "upload_delay_s": 2.0},
+            sharded_train_func,
+            train_loop_config={"steps": 5, "die_after": 3, "upload_delay_s": 2.0},
             scaling_config=trainlib.ScalingConfig(num_workers=2),
-            run_config=trainlib.RunConfig(name="staged", storage_path=f"s3://{s3.bucket}/runs",
-                                          storage_options=s3.options(),
-                                          failure_config=trainlib.FailureConfig(max_failures=1), verbose=False))
+            run_config=trainlib.RunConfig(
+                name="staged",
+                storage_path=f"s3://{s3.bucket}/runs",
+                storage_options=s3.options(),
+                failure_config=trainlib.FailureConfig(max_failures=1),
+                verbose=False,
+            ),
+        )
         result = trainer.fit()
         df = result.metrics_dataframe
         first = df[df["attempt"] == 0]
@@ -143,4 +149,3 @@ def test_a_dead_ranks_staged_report_keeps_its_checkpoint_dir_name(tmp_path, monk
     assert (committed.step, committed.path) == (1, storage.checkpoint_path(1, "my_ckpt_1"))
     marker = storage.read_json(f"{committed.path}/.trainlib_commit.json")
     assert marker["files"] == {"shard_0.txt": 5, "shard_1.txt": 5}
-

@@ -7,7 +7,6 @@ import os
 
 import pytest
 import torch
-
 from conftest import FASHION_MNIST_MIRROR
 
 # The repo's sibling shared/ folder; a git worktree elsewhere names it with TRAINLIB_TEST_FASHION_MNIST.
@@ -21,9 +20,9 @@ def default_architecture() -> str:
     return get_recipe(DEFAULT_RECIPE).architecture
 
 
-needs_data = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR),
-                                reason=f"the FashionMNIST mirror {FASHION_MNIST_DIR} is missing")
-
+needs_data = pytest.mark.skipif(
+    not os.path.isdir(FASHION_MNIST_DIR), reason=f"the FashionMNIST mirror {FASHION_MNIST_DIR} is missing"
+)
 
 
 @functools.lru_cache(maxsize=2)
@@ -34,8 +33,9 @@ def real_images(train: bool, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
     return load_fashion_mnist_split(FASHION_MNIST_DIR, train=train, limit=limit)
 
 
-def tiny_trained_network(steps: int = 8, batch_size: int = 64, seed: int = 0,
-                         architecture: str | None = None) -> torch.nn.Module:
+def tiny_trained_network(
+    steps: int = 8, batch_size: int = 64, seed: int = 0, architecture: str | None = None
+) -> torch.nn.Module:
     """The classifier's network (default: the default recipe's) after a few steps on real images (seconds).
 
     Trained just enough that its labels differ between images, so label comparisons mean something.
@@ -50,8 +50,8 @@ def tiny_trained_network(steps: int = 8, batch_size: int = 64, seed: int = 0,
     optimizer = torch.optim.Adam(network.parameters(), lr=2e-3)
     network.train()
     for start in range(0, steps * batch_size, batch_size):
-        x = normalise(images[start:start + batch_size], MEAN, STD)
-        loss = torch.nn.functional.cross_entropy(network(x), labels[start:start + batch_size])
+        x = normalise(images[start : start + batch_size], MEAN, STD)
+        loss = torch.nn.functional.cross_entropy(network(x), labels[start : start + batch_size])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -65,8 +65,15 @@ def dataset_identity():
     return DatasetIdentity("fashion-mnist", get_dataset_spec("fashion-mnist").md5s, FASHION_MNIST_DIR)
 
 
-def register_network(network: torch.nn.Module, tracking_uri: str, model_name: str, recipe: str = "tiny-test",
-                     champion: bool = True, test_accuracy: float | None = None, architecture: str | None = None):
+def register_network(
+    network: torch.nn.Module,
+    tracking_uri: str,
+    model_name: str,
+    recipe: str = "tiny-test",
+    champion: bool = True,
+    test_accuracy: float | None = None,
+    architecture: str | None = None,
+):
     """Register ``network`` from a fresh MLflow run as a new version of ``model_name`` (maybe as champion)."""
     from mlflow import MlflowClient
 
@@ -76,8 +83,12 @@ def register_network(network: torch.nn.Module, tracking_uri: str, model_name: st
     experiment = client.get_experiment_by_name("model-tests")
     experiment_id = experiment.experiment_id if experiment else client.create_experiment("model-tests")
     run = client.create_run(experiment_id, run_name=recipe)
-    card = ModelCard(dataset=dataset_identity(), recipe={"name": recipe}, test_accuracy=test_accuracy,
-                     architecture=architecture or default_architecture())
+    card = ModelCard(
+        dataset=dataset_identity(),
+        recipe={"name": recipe},
+        test_accuracy=test_accuracy,
+        architecture=architecture or default_architecture(),
+    )
     version = log_and_register(network, card, model_name, run.info.run_id, tracking_uri)
     client.set_terminated(run.info.run_id)
     if champion:

@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from conftest import REPO_ROOT, TESTS_DIR, free_port
 from malloc_probe import PAGES
 
@@ -41,12 +40,16 @@ def test_model_files_import_only_what_a_fresh_environment_has():
     tops = {name.split(".")[0] for name in _imports(MODEL_FILE)}
     assert tops <= {"__future__", "typing", "mlflow", "numpy", "pandas", "torch", "classifier_network", "", "tasks"}
     assert {name for name in _imports(MODEL_FILE) if name.split(".")[0] in ("", "tasks")} == {
-        ".classifier_network", "tasks.domain.classifier_network"}
+        ".classifier_network",
+        "tasks.domain.classifier_network",
+    }
 
 
 def test_training_builds_the_network_without_importing_mlflow():
-    code = ("import sys; from tasks.domain.network import build_model; build_model('resnet18-1ch-small'); "
-            "print(sorted(m for m in ('mlflow', 'pandas', 'tasks.domain.classifier_model') if m in sys.modules))")
+    code = (
+        "import sys; from tasks.domain.network import build_model; build_model('resnet18-1ch-small'); "
+        "print(sorted(m for m in ('mlflow', 'pandas', 'tasks.domain.classifier_model') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
@@ -104,8 +107,8 @@ def test_registering_weights_of_another_architecture_fails_before_writing(tmp_pa
 
 
 def test_saving_skips_mlflows_check_of_requirements_pinned_from_this_environment(tmp_path, monkeypatch):
-    from model_helpers import dataset_identity
     from mlflow.utils import environment, requirements_utils
+    from model_helpers import dataset_identity
 
     from tasks.domain.classifier_network import build_network
     from tasks.domain.model_package import ModelCard, pip_requirements, save_model
@@ -129,9 +132,15 @@ def test_every_input_form_becomes_the_same_pixels(form):
     from tasks.domain.classifier_model import as_image_batch
 
     images = np.random.default_rng(0).integers(0, 256, (4, 28, 28), dtype=np.uint8)
-    data = {"uint8": images, "float": images.astype(np.float64), "784": images.reshape(4, 784),
-            "1x28x28": images[:, None], "list": images.tolist(), "frame784": pd.DataFrame(images.reshape(4, 784)),
-            "frame_column": pd.DataFrame({"image": list(images)})}[form]
+    data = {
+        "uint8": images,
+        "float": images.astype(np.float64),
+        "784": images.reshape(4, 784),
+        "1x28x28": images[:, None],
+        "list": images.tolist(),
+        "frame784": pd.DataFrame(images.reshape(4, 784)),
+        "frame_column": pd.DataFrame({"image": list(images)}),
+    }[form]
     assert np.array_equal(as_image_batch(data).numpy(), images.astype(np.float32))
 
 
@@ -172,8 +181,11 @@ def test_forward_in_batches_shares_the_batches_among_threads_of_one_intra_op_thr
     assert 2 <= len(seen) <= 3 and threading.get_ident() not in seen and set(seen.values()) == {1}
     assert shared.shape == (777, 10) and torch.equal(shared, alone)
     with torch.inference_mode():  # image by image, in order
-        assert torch.allclose(shared[[0, 399, 776]], network(prepare(images[[0, 399, 776]]).contiguous(
-            memory_format=torch.channels_last)), atol=1e-5)
+        assert torch.allclose(
+            shared[[0, 399, 776]],
+            network(prepare(images[[0, 399, 776]]).contiguous(memory_format=torch.channels_last)),
+            atol=1e-5,
+        )
 
     def failing(batch):
         if len(batch) < 50:  # the last, shorter batch
@@ -201,7 +213,8 @@ def test_many_images_are_scored_by_a_copy_with_the_batch_norms_folded_and_give_t
     prepare = lambda batch: batch.unsqueeze(1).float() / 255  # noqa: E731
     norms_run = []  # BatchNorm modules that ran, in any thread
     hook = torch.nn.modules.module.register_module_forward_hook(
-        lambda module, *_: norms_run.append(module) if isinstance(module, torch.nn.BatchNorm2d) else None)
+        lambda module, *_: norms_run.append(module) if isinstance(module, torch.nn.BatchNorm2d) else None
+    )
     try:
         plain = forward_in_batches(network, images, prepare, batch_size=100)  # fewer than SCORING_COPY_FROM_IMAGES
         assert len(norms_run) == 3 * 20  # 3 batches through the network as it is
@@ -287,13 +300,16 @@ def test_reader_reads_idx_npy_and_png_folders(tmp_path):
     assert read_images(str(tmp_path / "a.npy")).chunk(1, 3).ids == ("1", "2")
 
 
-@pytest.mark.parametrize("name, content, words", [
-    ("t-images-idx3-ubyte.gz", b"\x1f\x8bnot gzip", "not a readable gzip file"),
-    ("t-images-idx3-ubyte", struct.pack(">IIII", 0x803, 10, 28, 28) + b"\0" * 100, "truncated"),
-    ("t-labels-idx1-ubyte", struct.pack(">II", 0x801, 3) + b"\0\0\0", "wrong magic number"),
-    ("x.npy", b"nonsense", "not a readable .npy array"),
-    ("x.txt", b"hello", "unknown file type"),
-])
+@pytest.mark.parametrize(
+    "name, content, words",
+    [
+        ("t-images-idx3-ubyte.gz", b"\x1f\x8bnot gzip", "not a readable gzip file"),
+        ("t-images-idx3-ubyte", struct.pack(">IIII", 0x803, 10, 28, 28) + b"\0" * 100, "truncated"),
+        ("t-labels-idx1-ubyte", struct.pack(">II", 0x801, 3) + b"\0\0\0", "wrong magic number"),
+        ("x.npy", b"nonsense", "not a readable .npy array"),
+        ("x.txt", b"hello", "unknown file type"),
+    ],
+)
 def test_reader_names_the_bad_file(tmp_path, name, content, words):
     from tasks.domain.image_source import ImageSourceError, read_images
 
@@ -317,8 +333,16 @@ def test_reader_refuses_empty_inputs(tmp_path):
 def test_predictions_are_written_atomically_and_read_back(tmp_path):
     from tasks.domain.batch_scoring import class_histogram, output_format, read_predictions, write_predictions
 
-    frame = pd.DataFrame({"image_id": ["0", "1", "2"], "label": [1, 1, 9], "class": ["Trouser", "Trouser", "Ankle boot"],
-                          "probability": [0.9, 0.8, 0.7], "model_name": "m", "model_version": "3"})
+    frame = pd.DataFrame(
+        {
+            "image_id": ["0", "1", "2"],
+            "label": [1, 1, 9],
+            "class": ["Trouser", "Trouser", "Ankle boot"],
+            "probability": [0.9, 0.8, 0.7],
+            "model_name": "m",
+            "model_version": "3",
+        }
+    )
     for name in ("p.parquet", "p.csv"):
         url = write_predictions(frame, str(tmp_path / "out" / name))
         pd.testing.assert_frame_equal(read_predictions(url), frame)
@@ -333,9 +357,16 @@ def test_scoring_summary_of_a_run():
 
     from tasks.domain.batch_scoring import ClassCount, ResolvedModel, ScoringSummary
 
-    frame = pd.DataFrame({"image_id": ["0", "1", "2"], "label": [9, 1, 9],
-                          "class": ["Ankle boot", "Trouser", "Ankle boot"], "probability": [0.9, 0.8, 0.7],
-                          "model_name": "m", "model_version": "3"})
+    frame = pd.DataFrame(
+        {
+            "image_id": ["0", "1", "2"],
+            "label": [9, 1, 9],
+            "class": ["Ankle boot", "Trouser", "Ankle boot"],
+            "probability": [0.9, 0.8, 0.7],
+            "model_name": "m",
+            "model_version": "3",
+        }
+    )
     model = ResolvedModel(name="m", alias="champion", version="3", tracking_uri="http://u:pw@mlflow:5000")
     summary = ScoringSummary.of(frame, model, "s3://b/p.parquet", chunks=2, score_seconds=1.5)
     assert (summary.output_url, summary.images, summary.chunks) == ("s3://b/p.parquet", 3, 2)
@@ -370,8 +401,16 @@ def test_reader_and_writer_on_s3(tmp_path, monkeypatch):
         write_png_folder(pixels, "s3://scoring/pngs", options)
         for url in ("s3://scoring/x-images-idx3-ubyte.gz", "s3://scoring/pngs"):
             assert np.array_equal(read_images(url, options).pixels, pixels), url
-        frame = pd.DataFrame({"image_id": ["0"], "label": [3], "class": ["Dress"], "probability": [0.5],
-                              "model_name": "m", "model_version": "1"})
+        frame = pd.DataFrame(
+            {
+                "image_id": ["0"],
+                "label": [3],
+                "class": ["Dress"],
+                "probability": [0.5],
+                "model_name": "m",
+                "model_version": "1",
+            }
+        )
         write_predictions(frame, "s3://scoring/out/p.parquet", options)
         pd.testing.assert_frame_equal(read_predictions("s3://scoring/out/p.parquet", options), frame)
     finally:
@@ -406,13 +445,16 @@ def test_recipes_and_augmentation():
     assert make_scheduler(RECIPES["tutorial"], optimizer, 10, 2) is None
 
 
-@pytest.mark.parametrize("challenger, champion, margin, promote", [
-    (0.90, 0.90, 0.0, False),    # a tie keeps the champion
-    (0.903, 0.90, 0.005, False),  # a win below the margin keeps it
-    (0.905, 0.90, 0.005, True),   # a win of exactly the margin takes it
-    (0.91, 0.90, 0.005, True),
-    (0.89, 0.90, 0.0, False),
-])
+@pytest.mark.parametrize(
+    "challenger, champion, margin, promote",
+    [
+        (0.90, 0.90, 0.0, False),  # a tie keeps the champion
+        (0.903, 0.90, 0.005, False),  # a win below the margin keeps it
+        (0.905, 0.90, 0.005, True),  # a win of exactly the margin takes it
+        (0.91, 0.90, 0.005, True),
+        (0.89, 0.90, 0.0, False),
+    ],
+)
 def test_promotion_needs_a_win_by_the_margin(challenger, champion, margin, promote):
     from tasks.domain.promotion import decide_promotion
 
@@ -440,9 +482,11 @@ def test_requirement_mismatches_name_the_package_and_the_installed_version(tmp_p
 
     installed = version("torch")
     (tmp_path / "requirements.txt").write_text(
-        f"# pinned at registration\ntorch=={installed}\nnumpy==0.0.1\nno-such-package-xyz==1.0\n-e .\n")
-    model = ResolvedModel(name="m", alias="champion", version="1", tracking_uri=f"sqlite:///{tmp_path}/db",
-                          source=str(tmp_path))
+        f"# pinned at registration\ntorch=={installed}\nnumpy==0.0.1\nno-such-package-xyz==1.0\n-e .\n"
+    )
+    model = ResolvedModel(
+        name="m", alias="champion", version="1", tracking_uri=f"sqlite:///{tmp_path}/db", source=str(tmp_path)
+    )
     assert model.load_uri == str(tmp_path)
     problems = requirement_mismatches(model)
     assert problems == [f"numpy==0.0.1 (installed: {version('numpy')})", "no-such-package-xyz==1.0 (not installed)"]

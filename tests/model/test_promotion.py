@@ -7,8 +7,7 @@ import os
 
 import pytest
 import torch
-
-from model_helpers import default_architecture, dataset_identity, needs_data, real_images, tiny_trained_network
+from model_helpers import dataset_identity, default_architecture, needs_data, real_images, tiny_trained_network
 
 pytestmark = [pytest.mark.integration, needs_data]
 
@@ -34,10 +33,18 @@ def _challenger(registry, network: torch.nn.Module, name: str):
     torch.save(network.state_dict(), folder / MODEL_FILE)
     client = MlflowClient(tracking_uri=registry["uri"])
     experiment = client.get_experiment_by_name("promotion") or client.get_experiment(
-        client.create_experiment("promotion", artifact_location=str(registry["root"] / "artifacts")))
+        client.create_experiment("promotion", artifact_location=str(registry["root"] / "artifacts"))
+    )
     run = client.create_run(experiment.experiment_id, run_name=name)
-    return TrainingOutcome(run_path=str(registry["root"]), checkpoint_uri=str(folder), metrics={}, history=[],
-                           mlflow_run_id=run.info.run_id, seconds=0.0, architecture=default_architecture())
+    return TrainingOutcome(
+        run_path=str(registry["root"]),
+        checkpoint_uri=str(folder),
+        metrics={},
+        history=[],
+        mlflow_run_id=run.info.run_id,
+        seconds=0.0,
+        architecture=default_architecture(),
+    )
 
 
 def _evaluate_and_register(registry, network, name: str, min_margin: float):
@@ -51,11 +58,15 @@ def _evaluate_and_register(registry, network, name: str, min_margin: float):
     training = _challenger(registry, network, name)
     report = evaluate_model(network, images, labels, get_dataset_spec("fashion-mnist").class_names)
     champion = score_champion(MODEL_NAME, registry["uri"], images, labels, "test-md5")
-    comparison = Comparison(report=report, champion=champion, test_data_md5="test-md5",
-                            probe=probe_digest(network, images))
+    comparison = Comparison(
+        report=report, champion=champion, test_data_md5="test-md5", probe=probe_digest(network, images)
+    )
     card = ModelCard(dataset=dataset_identity(), recipe={"name": name})
-    return report, champion, register_and_promote(training, comparison, card, MODEL_NAME, registry["uri"],
-                                                  min_margin=min_margin)
+    return (
+        report,
+        champion,
+        register_and_promote(training, comparison, card, MODEL_NAME, registry["uri"], min_margin=min_margin),
+    )
 
 
 @pytest.mark.timeout(900)  # four registrations of a 45 MB model; generous for a loaded 2-core machine
@@ -124,8 +135,9 @@ def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry
     assert not fewer.recorded
     from tasks.domain.evaluation import evaluate_model
 
-    assert fewer.accuracy == pytest.approx(evaluate_model(strong, images[:200], labels[:200], [str(i) for i in range(10)])
-                                           .accuracy, abs=1e-12)
+    assert fewer.accuracy == pytest.approx(
+        evaluate_model(strong, images[:200], labels[:200], [str(i) for i in range(10)]).accuracy, abs=1e-12
+    )
     probe = client.get_model_version(MODEL_NAME, promoted.version).tags[PROBE_TAG]
     assert probe != "0" * 32  # neither the other files nor fewer images changed the champion's recorded probe
     client.set_model_version_tag(MODEL_NAME, promoted.version, PROBE_TAG, "0" * 32)

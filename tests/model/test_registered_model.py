@@ -19,7 +19,6 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
-
 from conftest import free_port
 from model_helpers import needs_data, real_images, register_network, tiny_trained_network
 from tracking.mlflow_helpers import MlflowServer
@@ -107,14 +106,17 @@ def test_every_accepted_input_form_gives_the_same_labels(champion):
         assert champion.predict(form)["label"].tolist() == want, name
 
 
-@pytest.mark.parametrize("bad, words", [
-    (np.zeros((3, 27, 27), dtype=np.uint8), "[3, 27, 27]"),
-    (np.zeros((28, 28), dtype=np.uint8), "add a batch dimension"),
-    (np.zeros((0, 28, 28), dtype=np.uint8), "no image"),
-    (np.full((2, 28, 28), 300.0), "0..255"),
-    (np.full((2, 28, 28), 0.5), "multiply by 255"),
-    (np.array([["a"] * 784]), "dtype"),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        (np.zeros((3, 27, 27), dtype=np.uint8), "[3, 27, 27]"),
+        (np.zeros((28, 28), dtype=np.uint8), "add a batch dimension"),
+        (np.zeros((0, 28, 28), dtype=np.uint8), "no image"),
+        (np.full((2, 28, 28), 300.0), "0..255"),
+        (np.full((2, 28, 28), 0.5), "multiply by 255"),
+        (np.array([["a"] * 784]), "dtype"),
+    ],
+)
 def test_bad_input_is_refused_with_the_expected_shape(champion, bad, words):
     from mlflow.exceptions import MlflowException
 
@@ -179,8 +181,14 @@ def test_a_fresh_process_without_the_project_loads_and_predicts(registry, champi
     (tmp_path / "fresh.py").write_text(FRESH_PROCESS)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLFLOW_ALLOW_PICKLE_DESERIALIZATION")}
     env["MLFLOW_TRACKING_URI"] = registry["server"].uri
-    done = subprocess.run([sys.executable, "fresh.py", f"models:/{MODEL_NAME}@champion", "images.npy"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "fresh.py", f"models:/{MODEL_NAME}@champion", "images.npy"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Add type hints" not in done.stderr  # MLflow's warning about the model class, which a user would see
     result = json.loads(done.stdout.split("RESULT ", 1)[1])
@@ -214,9 +222,27 @@ def served(registry, tmp_path_factory):
     env.update(MLFLOW_TRACKING_URI=registry["server"].uri, PATH=f"{BIN}:{env.get('PATH', '')}")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [f"{BIN}/mlflow", "models", "serve", "-m", f"models:/{MODEL_NAME}@champion", "--env-manager", "local",
-             "-h", "127.0.0.1", "-p", str(port), "-w", "1"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(log_path.parent), start_new_session=True)
+            [
+                f"{BIN}/mlflow",
+                "models",
+                "serve",
+                "-m",
+                f"models:/{MODEL_NAME}@champion",
+                "--env-manager",
+                "local",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-w",
+                "1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(log_path.parent),
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -240,8 +266,9 @@ def served(registry, tmp_path_factory):
 
 
 def post(url: str, payload: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(f"{url}/invocations", data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/invocations", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, json.loads(response.read())

@@ -20,10 +20,9 @@ import urllib.request
 
 import numpy as np
 import pytest
-
 from conftest import REPO_ROOT
-from prefect_helpers import PrefectServer
 from model_helpers import needs_data, real_images, register_network, tiny_trained_network
+from prefect_helpers import PrefectServer
 from tracking.mlflow_helpers import MlflowServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, needs_data]
@@ -48,11 +47,17 @@ def services(tmp_path_factory):
         network = tiny_trained_network()
         version, _ = register_network(network, mlflow_server.uri, MODEL_NAME)
         prefect_server.wait()
-        client_env = dict(prefect_server.env, PREFECT_API_URL=prefect_server.api_url,
-                          PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false")
+        client_env = dict(
+            prefect_server.env, PREFECT_API_URL=prefect_server.api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false"
+        )
         mlflow.set_tracking_uri(mlflow_server.uri)
-        yield {"api_url": prefect_server.api_url, "mlflow_uri": mlflow_server.uri, "env": client_env, "root": root,
-               "version": version.version}
+        yield {
+            "api_url": prefect_server.api_url,
+            "mlflow_uri": mlflow_server.uri,
+            "env": client_env,
+            "root": root,
+            "version": version.version,
+        }
     finally:
         mlflow.set_tracking_uri(None)
         prefect_server.stop()
@@ -60,15 +65,20 @@ def services(tmp_path_factory):
 
 
 def _api(services, path: str, body: dict | None = None):
-    request = urllib.request.Request(services["api_url"] + path, data=json.dumps(body or {}).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        services["api_url"] + path,
+        data=json.dumps(body or {}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 
 
 def _cli(services, *args: str, timeout: float = 120) -> str:
-    done = subprocess.run([f"{BIN}/prefect", *args], cwd=REPO_ROOT, env=services["env"], capture_output=True,
-                          text=True, timeout=timeout)
+    done = subprocess.run(
+        [f"{BIN}/prefect", *args], cwd=REPO_ROOT, env=services["env"], capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, f"prefect {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout + done.stderr
 
@@ -100,8 +110,9 @@ def _run_in_process(services, ray_session, **params):
     from flows.score import score_images
 
     with temporary_settings({PREFECT_API_URL: services["api_url"], PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}):
-        return score_images({"mlflow_tracking_uri": services["mlflow_uri"], "model_name": MODEL_NAME, **params},
-                            return_state=True)
+        return score_images(
+            {"mlflow_tracking_uri": services["mlflow_uri"], "model_name": MODEL_NAME, **params}, return_state=True
+        )
 
 
 @pytest.mark.timeout(900)  # includes the module's server start-up and registration (setup)
@@ -112,8 +123,14 @@ def test_deployment_scores_real_images_like_pyfunc(services, inputs, tmp_path):
     _cli(services, "work-pool", "create", POOL, "--type", "process")
     out = _cli(services, "--no-prompt", "deploy", "--all")
     assert "score-images" in out
-    params = {"input_url": inputs["idx"], "output_url": output, "model_name": MODEL_NAME,
-              "mlflow_tracking_uri": services["mlflow_uri"], "chunk_size": 50, "num_workers": 2}
+    params = {
+        "input_url": inputs["idx"],
+        "output_url": output,
+        "model_name": MODEL_NAME,
+        "mlflow_tracking_uri": services["mlflow_uri"],
+        "chunk_size": 50,
+        "num_workers": 2,
+    }
     out = _cli(services, "deployment", "run", "score-images/score-images", "--params", json.dumps({"params": params}))
     flow_run_id = re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)
     worker_output = _cli(services, "worker", "start", "--pool", POOL, "--run-once", timeout=400)
@@ -168,14 +185,16 @@ def test_png_folder_input_with_csv_output(services, inputs, tmp_path, ray_sessio
 
 def test_missing_alias_names_the_model_and_how_to_create_a_champion(services, inputs, tmp_path, ray_session):
     output = tmp_path / "never.parquet"
-    state = _run_in_process(services, ray_session, input_url=inputs["npy"], output_url=str(output),
-                            alias="no-such-alias")
+    state = _run_in_process(
+        services, ray_session, input_url=inputs["npy"], output_url=str(output), alias="no-such-alias"
+    )
     assert state.is_failed()
     for words in (MODEL_NAME, "no alias 'no-such-alias'", "champion", "set_registered_model_alias"):
         assert words in state.message, state.message
     assert not output.exists()
-    state = _run_in_process(services, ray_session, input_url=inputs["npy"], output_url=str(output),
-                            model_name="never-registered")
+    state = _run_in_process(
+        services, ray_session, input_url=inputs["npy"], output_url=str(output), model_name="never-registered"
+    )
     assert state.is_failed() and "no registered model 'never-registered'" in state.message, state.message
 
 
@@ -194,12 +213,14 @@ def test_empty_or_unreadable_input_fails_clearly_and_writes_nothing(services, tm
     assert not output.parent.exists() or not os.listdir(output.parent)
 
 
-@pytest.mark.parametrize("params, words", [
-    ({"output_url": "/tmp/predictions.json"}, ".parquet or .csv"),
-    ({"storage_options": {"secret": "x"}}, "must not hold credentials"),
-    ({"chunk_size": 0}, "chunk_size"),
-])
+@pytest.mark.parametrize(
+    "params, words",
+    [
+        ({"output_url": "/tmp/predictions.json"}, ".parquet or .csv"),
+        ({"storage_options": {"secret": "x"}}, "must not hold credentials"),
+        ({"chunk_size": 0}, "chunk_size"),
+    ],
+)
 def test_bad_parameters_fail_before_any_task(services, ray_session, params, words):
-    state = _run_in_process(services, ray_session, **{"input_url": "/tmp/x.npy", "output_url": "/tmp/p.csv",
-                                                      **params})
+    state = _run_in_process(services, ray_session, **{"input_url": "/tmp/x.npy", "output_url": "/tmp/p.csv", **params})
     assert state.is_failed() and words in state.message, state.message

@@ -60,8 +60,15 @@ def streaming_train_func(config):
             losses.append(loss.item())
             peak = max(peak, process.memory_full_info().uss - baseline)
         np.save(os.path.join(config["out"], f"ids_rank{rank}_epoch{epoch}.npy"), np.concatenate(seen))
-        trainlib.report({"epoch": epoch, "rows": int(sum(len(s) for s in seen)), "first_loss": losses[0],
-                         "last_loss": losses[-1], "peak_uss_growth": peak})
+        trainlib.report(
+            {
+                "epoch": epoch,
+                "rows": int(sum(len(s) for s in seen)),
+                "first_loss": losses[0],
+                "last_loss": losses[-1],
+                "peak_uss_growth": peak,
+            }
+        )
 
 
 def test_a_100k_row_dataset_streams_into_two_workers_with_disjoint_shards(ray_session, storage_path, tmp_path):
@@ -71,10 +78,12 @@ def test_a_100k_row_dataset_streams_into_two_workers_with_disjoint_shards(ray_se
     dataset = ray.data.range(N_ROWS, override_num_blocks=50).map_batches(add_features, batch_size=2000)
     budget = ExecutionOptions(resource_limits=ExecutionResources(object_store_memory=OBJECT_STORE_BUDGET))
     result = TorchTrainer(
-        streaming_train_func, train_loop_config={"epochs": 2, "out": str(tmp_path)},
+        streaming_train_func,
+        train_loop_config={"epochs": 2, "out": str(tmp_path)},
         scaling_config=trainlib.ScalingConfig(num_workers=2),
         run_config=trainlib.RunConfig(name="ray-data", storage_path=storage_path, verbose=False),
-        datasets={"train": dataset}, dataset_config=trainlib.DataConfig(execution_options=budget),
+        datasets={"train": dataset},
+        dataset_config=trainlib.DataConfig(execution_options=budget),
     ).fit()
     frame = result.metrics_dataframe
     for epoch in range(2):
@@ -103,8 +112,10 @@ def small_dataset_train_func(config):
         with tempfile.TemporaryDirectory() as folder:
             with open(os.path.join(folder, "epoch.txt"), "w") as f:
                 f.write(str(epoch))
-            trainlib.report({"epoch": epoch, "rows": rows, "eval_rows": evals},
-                            checkpoint=trainlib.Checkpoint.from_directory(folder))
+            trainlib.report(
+                {"epoch": epoch, "rows": rows, "eval_rows": evals},
+                checkpoint=trainlib.Checkpoint.from_directory(folder),
+            )
         if epoch == 1 and not config.get("restored") and torch.distributed.get_rank() == 1:
             raise RuntimeError("planned failure after epoch 1")
 
@@ -115,10 +126,14 @@ def test_restore_takes_the_datasets_again_and_continues(ray_session, storage_pat
     datasets = {"train": ray.data.range(1000), "eval": ray.data.range(300)}
     config = trainlib.DataConfig(datasets_to_split=["train"])  # eval reaches every worker whole
     with pytest.raises(trainlib.WorkerGroupError):
-        TorchTrainer(small_dataset_train_func, train_loop_config={}, datasets=datasets, dataset_config=config,
-                     scaling_config=trainlib.ScalingConfig(num_workers=2),
-                     run_config=trainlib.RunConfig(name="data-restore", storage_path=storage_path,
-                                                   verbose=False)).fit()
+        TorchTrainer(
+            small_dataset_train_func,
+            train_loop_config={},
+            datasets=datasets,
+            dataset_config=config,
+            scaling_config=trainlib.ScalingConfig(num_workers=2),
+            run_config=trainlib.RunConfig(name="data-restore", storage_path=storage_path, verbose=False),
+        ).fit()
     path = os.path.join(storage_path, "data-restore")
     with pytest.raises(ValueError, match=r"datasets \['eval', 'train'\]"):
         TorchTrainer.restore(path)
@@ -133,8 +148,12 @@ def test_datasets_are_checked_before_anything_starts():
     with pytest.raises(ValueError, match="names \\['test'\\]"):
         import ray
 
-        TorchTrainer(small_dataset_train_func, train_loop_config={}, datasets={"train": ray.data.range(3)},
-                     dataset_config=trainlib.DataConfig(datasets_to_split=["test"]))
+        TorchTrainer(
+            small_dataset_train_func,
+            train_loop_config={},
+            datasets={"train": ray.data.range(3)},
+            dataset_config=trainlib.DataConfig(datasets_to_split=["test"]),
+        )
     with pytest.raises(TypeError, match="datasets_to_split"):
         trainlib.DataConfig(datasets_to_split="train")
 
@@ -156,9 +175,11 @@ def test_workers_holding_every_cpu_get_a_warning_that_ray_data_has_none(ray_sess
         # DataParallelTrainer: workers without torch (the suite's CPU budget); count_rows_func uses none, and this
         # module is pickled by value, so the workers never import it (nor its torch imports).
         result = DataParallelTrainer(
-            count_rows_func, datasets={"train": dataset},
+            count_rows_func,
+            datasets={"train": dataset},
             scaling_config=trainlib.ScalingConfig(num_workers=2, resources_per_worker={"CPU": total / 2}),
-            run_config=trainlib.RunConfig(name="no-cpu-for-data", storage_path=storage_path)).fit()
+            run_config=trainlib.RunConfig(name="no-cpu-for-data", storage_path=storage_path),
+        ).fit()
     assert result.error is None and result.metrics["rows"] == 20
     [warning] = [r.getMessage() for r in caplog.records if "Ray Data's read and map tasks" in r.getMessage()]
     assert "'train'" in warning and "resources_per_worker" in warning and "ray.init(num_cpus=" in warning
@@ -169,6 +190,9 @@ def test_local_mode_reads_each_dataset_whole(ray_session, storage_path):
     import ray
 
     result = DataParallelTrainer(
-        count_rows_func, datasets={"train": ray.data.range(40)}, scaling_config=trainlib.ScalingConfig(num_workers=0),
-        run_config=trainlib.RunConfig(name="local-data", storage_path=storage_path, verbose=False)).fit()
+        count_rows_func,
+        datasets={"train": ray.data.range(40)},
+        scaling_config=trainlib.ScalingConfig(num_workers=0),
+        run_config=trainlib.RunConfig(name="local-data", storage_path=storage_path, verbose=False),
+    ).fit()
     assert result.error is None and result.metrics["rows"] == 40

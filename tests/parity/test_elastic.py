@@ -13,7 +13,6 @@ import threading
 import time
 
 import pytest
-
 from conftest import cluster_utils_cluster
 
 import trainlib
@@ -40,8 +39,10 @@ def elastic_train_func(config):
         with tempfile.TemporaryDirectory() as folder:
             if ctx.get_world_rank() == 0:
                 open(os.path.join(folder, "epoch.txt"), "w").write(str(epoch))
-            trainlib.report({"epoch": epoch, "world_size": ctx.get_world_size(), "start_epoch": start},
-                            checkpoint=trainlib.Checkpoint.from_directory(folder))
+            trainlib.report(
+                {"epoch": epoch, "world_size": ctx.get_world_size(), "start_epoch": start},
+                checkpoint=trainlib.Checkpoint.from_directory(folder),
+            )
 
 
 def _run_in_thread(box, train_func=None, trainer_class=None, **trainer_kwargs):
@@ -71,7 +72,8 @@ def test_starts_with_what_fits_then_grows_when_a_node_joins(cluster, tmp_path):
 
     box = {}
     thread = _run_in_thread(
-        box, trainer_class=TorchTrainer,  # one elastic run on TorchTrainer: its gloo group re-forms at the new size
+        box,
+        trainer_class=TorchTrainer,  # one elastic run on TorchTrainer: its gloo group re-forms at the new size
         train_loop_config={"epochs": 30, "sleep_s": 0.5},
         scaling_config=trainlib.ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=1),
         run_config=trainlib.RunConfig(name="grow", storage_path=f"file://{tmp_path}/runs", verbose=False),
@@ -94,10 +96,15 @@ def test_losing_a_node_continues_with_fewer_workers_from_the_last_checkpoint(clu
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2  # the head and the node the first test added
     box = {}
     thread = _run_in_thread(
-        box, train_loop_config={"epochs": 12, "sleep_s": 0.5},
+        box,
+        train_loop_config={"epochs": 12, "sleep_s": 0.5},
         scaling_config=trainlib.ScalingConfig(num_workers=(1, 2)),
-        run_config=trainlib.RunConfig(name="shrink", storage_path=f"file://{tmp_path}/runs", verbose=False,
-                                      failure_config=trainlib.FailureConfig(max_failures=1)),
+        run_config=trainlib.RunConfig(
+            name="shrink",
+            storage_path=f"file://{tmp_path}/runs",
+            verbose=False,
+            failure_config=trainlib.FailureConfig(max_failures=1),
+        ),
     )
     _wait_for(tmp_path / "runs" / "shrink" / "checkpoint_000003" / ".trainlib_commit.json", thread)
     victim = next(n for n in cluster.worker_nodes)
@@ -126,10 +133,16 @@ def preemptible_train_func(config):
         with tempfile.TemporaryDirectory() as folder:
             if ctx.get_world_rank() == 0:
                 open(os.path.join(folder, "epoch.txt"), "w").write(str(epoch))
-            trainlib.report({"epoch": epoch, "world_size": ctx.get_world_size(), "start_epoch": start,
-                             "preempted_ranks": info.preempted_ranks if info else None,
-                             "deadline_ms": info.deadline_ms if info else None},
-                            checkpoint=trainlib.Checkpoint.from_directory(folder))
+            trainlib.report(
+                {
+                    "epoch": epoch,
+                    "world_size": ctx.get_world_size(),
+                    "start_epoch": start,
+                    "preempted_ranks": info.preempted_ranks if info else None,
+                    "deadline_ms": info.deadline_ms if info else None,
+                },
+                checkpoint=trainlib.Checkpoint.from_directory(folder),
+            )
 
 
 def test_a_preempted_node_is_announced_and_its_loss_uses_the_preemption_budget(cluster, tmp_path):
@@ -143,17 +156,24 @@ def test_a_preempted_node_is_announced_and_its_loss_uses_the_preemption_budget(c
     cluster.wait_for_nodes()
     box = {}
     thread = _run_in_thread(
-        box, train_func=preemptible_train_func, train_loop_config={"epochs": 40, "sleep_s": 0.5},
+        box,
+        train_func=preemptible_train_func,
+        train_loop_config={"epochs": 40, "sleep_s": 0.5},
         scaling_config=trainlib.ScalingConfig(num_workers=(1, 2)),
-        run_config=trainlib.RunConfig(name="preempt", storage_path=f"file://{tmp_path}/runs", verbose=False,
-                                      failure_config=trainlib.FailureConfig(max_failures=0)),
+        run_config=trainlib.RunConfig(
+            name="preempt",
+            storage_path=f"file://{tmp_path}/runs",
+            verbose=False,
+            failure_config=trainlib.FailureConfig(max_failures=0),
+        ),
     )
     run = tmp_path / "runs" / "preempt"
     _wait_for(run / "checkpoint_000002" / ".trainlib_commit.json", thread)
     deadline_ms = int(time.time() * 1000) + 600_000
     gcs = ray._raylet.GcsClient(address=services.canonicalize_bootstrap_address_or_die(addr="auto"))
-    accepted, _ = gcs.drain_node(node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-                                 "spot reclaim", deadline_ms)
+    accepted, _ = gcs.drain_node(
+        node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"), "spot reclaim", deadline_ms
+    )
     assert accepted
 
     def announced():

@@ -18,7 +18,7 @@ from trainlib import Checkpoint, DataParallelTrainer, RunConfig, ScalingConfig
 
 # Run in a fresh process: Ray must not start, the function must run in the main thread of this very process, the
 # return value is the object itself, and the run folder is a normal one (retention, metrics, Result.from_path).
-_SCRIPT = r'''
+_SCRIPT = r"""
 import json, os, sys, tempfile, threading
 import torch
 import trainlib
@@ -51,12 +51,17 @@ print(json.dumps({
     "threads_kept": value["torch_threads"] == threads_before, "ray_started": ray.is_initialized(),
     "ddp": type(value["model"]).__name__, "path": result.path, "loss": result.metrics["loss"],
     "checkpoint": os.path.basename(result.checkpoint.path), "error": repr(result.error)}))
-'''
+"""
 
 
 def test_local_mode_runs_the_function_here_without_ray_and_commits_its_run(tmp_path):
-    out = subprocess.run([sys.executable, "-c", _SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=180,
-                         env={**os.environ, "RAY_ADDRESS": "127.0.0.1:1"})  # joining any Ray would fail loudly
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "RAY_ADDRESS": "127.0.0.1:1"},
+    )  # joining any Ray would fail loudly
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["same_model"] and seen["thread"] == "MainThread" and seen["pid"], seen  # in this very process
@@ -66,7 +71,9 @@ def test_local_mode_runs_the_function_here_without_ray_and_commits_its_run(tmp_p
     assert seen["error"] == "None"
     # The run folder is a run's: retention kept 2, the metrics log has every report, from_path reads it back.
     assert sorted(p for p in os.listdir(seen["path"]) if p.startswith("checkpoint_")) == [
-        "checkpoint_000002", "checkpoint_000003"]
+        "checkpoint_000002",
+        "checkpoint_000003",
+    ]
     back = trainlib.Result.from_path(seen["path"])
     assert list(back.metrics_dataframe["step"]) == [1, 2, 3] and back.error is None
     assert os.path.exists(os.path.join(back.checkpoint.path, "model.pt"))
@@ -91,10 +98,15 @@ def resumable_train_func(config):
 
 @pytest.mark.parametrize("error", [ValueError("boom at 2"), KeyboardInterrupt()])
 def test_a_failure_is_raised_as_raised_recorded_and_the_rerun_resumes(tmp_path, error, caplog):
-    run_config = RunConfig(name="again", storage_path=str(tmp_path), verbose=False,
-                           failure_config=trainlib.FailureConfig(max_failures=3))
-    trainer = DataParallelTrainer(resumable_train_func, train_loop_config={"fail_at": 2, "error": error},
-                                  scaling_config=ScalingConfig(num_workers=0), run_config=run_config)
+    run_config = RunConfig(
+        name="again", storage_path=str(tmp_path), verbose=False, failure_config=trainlib.FailureConfig(max_failures=3)
+    )
+    trainer = DataParallelTrainer(
+        resumable_train_func,
+        train_loop_config={"fail_at": 2, "error": error},
+        scaling_config=ScalingConfig(num_workers=0),
+        run_config=run_config,
+    )
     with caplog.at_level("WARNING", logger="trainlib"):
         with pytest.raises(type(error)) as info:
             trainer.fit()
@@ -102,8 +114,12 @@ def test_a_failure_is_raised_as_raised_recorded_and_the_rerun_resumes(tmp_path, 
     assert "max_failures=3) has no effect" in caplog.text  # no restarts in local mode, and it says so
     failed = trainlib.Result.from_path(str(tmp_path / "again"))
     assert isinstance(failed.error, trainlib.TrainingFailedError) and failed.metrics == {"epoch": 1}
-    result = DataParallelTrainer(resumable_train_func, train_loop_config={"fail_at": 99, "error": None},
-                                 scaling_config=ScalingConfig(num_workers=0), run_config=run_config).fit()
+    result = DataParallelTrainer(
+        resumable_train_func,
+        train_loop_config={"fail_at": 99, "error": None},
+        scaling_config=ScalingConfig(num_workers=0),
+        run_config=run_config,
+    ).fit()
     assert result.return_value == 2  # resumed from the checkpoint of epoch 1
     assert list(result.metrics_dataframe["epoch"]) == [0, 1, 2, 3]
 
@@ -123,8 +139,11 @@ def test_a_controller_failure_stops_the_function_at_its_next_report(tmp_path, mo
             trainlib.report({"step_metric": step})
             threading.Event().wait(0.05)  # time for the controller to fail on the first commit
 
-    trainer = DataParallelTrainer(train_func, scaling_config=ScalingConfig(num_workers=0),
-                                  run_config=RunConfig(name="disk", storage_path=str(tmp_path), verbose=False))
+    trainer = DataParallelTrainer(
+        train_func,
+        scaling_config=ScalingConfig(num_workers=0),
+        run_config=RunConfig(name="disk", storage_path=str(tmp_path), verbose=False),
+    )
     with pytest.raises(trainlib.ControllerError, match="No space left on device"):
         trainer.fit()
     assert len(reached) < 10, reached  # stopped, not trained to the end with nothing committed
@@ -133,8 +152,11 @@ def test_a_controller_failure_stops_the_function_at_its_next_report(tmp_path, mo
 def test_local_mode_under_a_multi_process_torchrun_is_refused_with_the_fix(tmp_path, monkeypatch):
     for name, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(name, value)
-    trainer = DataParallelTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=0),
-                                  run_config=RunConfig(name="torchrun", storage_path=str(tmp_path), verbose=False))
+    trainer = DataParallelTrainer(
+        lambda: None,
+        scaling_config=ScalingConfig(num_workers=0),
+        run_config=RunConfig(name="torchrun", storage_path=str(tmp_path), verbose=False),
+    )
     with pytest.raises(ValueError, match=r"rank 1 of 2.*ScalingConfig\(num_workers=2\)"):
         trainer.fit()
     assert not os.path.exists(tmp_path / "torchrun")  # refused before the run folder was made
@@ -164,9 +186,12 @@ def locked_train_func(config):
 
 
 def test_a_config_that_cannot_be_pickled_runs_in_local_mode_and_is_recorded_by_type(tmp_path):
-    result = DataParallelTrainer(locked_train_func, train_loop_config={"lock": threading.Lock(), "lr": 0.1},
-                                 scaling_config=ScalingConfig(num_workers=0),
-                                 run_config=RunConfig(name="config", storage_path=str(tmp_path), verbose=False)).fit()
+    result = DataParallelTrainer(
+        locked_train_func,
+        train_loop_config={"lock": threading.Lock(), "lr": 0.1},
+        scaling_config=ScalingConfig(num_workers=0),
+        run_config=RunConfig(name="config", storage_path=str(tmp_path), verbose=False),
+    ).fit()
     assert result.metrics == {"lr": 0.1}
     with open(os.path.join(result.path, "trainlib_run.json")) as f:
         assert json.load(f)["train_loop_config"] == {"lock": "<lock>", "lr": 0.1}

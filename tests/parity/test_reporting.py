@@ -21,11 +21,16 @@ def _trainer(func, storage_path, config=None, num_workers=2, name=None, trainer_
     # DataParallelTrainer unless a test needs torch: workers without torch (the suite's CPU budget). The workers
     # import this module to load its training functions: no torch at top level here, TorchTrainer is imported in
     # the two tests that use it.
-    run_config = kwargs.pop("run_config", None) or trainlib.RunConfig(name=name, storage_path=storage_path,
-                                                                       verbose=False)
-    return trainer_class(func, train_loop_config=config,
-                         scaling_config=trainlib.ScalingConfig(num_workers=num_workers), run_config=run_config,
-                         **kwargs)
+    run_config = kwargs.pop("run_config", None) or trainlib.RunConfig(
+        name=name, storage_path=storage_path, verbose=False
+    )
+    return trainer_class(
+        func,
+        train_loop_config=config,
+        scaling_config=trainlib.ScalingConfig(num_workers=num_workers),
+        run_config=run_config,
+        **kwargs,
+    )
 
 
 # -- metric values --------------------------------------------------------------------
@@ -33,11 +38,19 @@ def _trainer(func, storage_path, config=None, num_workers=2, name=None, trainer_
 
 def any_value_train_func():
     for step in range(2):
-        trainlib.report({"loss": 1.0 / (step + 1), "phase": f"epoch-{step}", "sizes": [3, 1, step],
-                         "nested": {"lr": 0.1, "groups": ["a", "b"]}, "note": None,
-                         "when": datetime.date(2026, 1, step + 1),
-                         # Names of the dataframe's bookkeeping columns: the user's values must win.
-                         "step": 10 * step, "timestamp": f"t{step}"})
+        trainlib.report(
+            {
+                "loss": 1.0 / (step + 1),
+                "phase": f"epoch-{step}",
+                "sizes": [3, 1, step],
+                "nested": {"lr": 0.1, "groups": ["a", "b"]},
+                "note": None,
+                "when": datetime.date(2026, 1, step + 1),
+                # Names of the dataframe's bookkeeping columns: the user's values must win.
+                "step": 10 * step,
+                "timestamp": f"t{step}",
+            }
+        )
 
 
 def test_any_picklable_metric_value_is_kept_in_metrics_and_the_dataframe(ray_session, storage_path, tmp_path):
@@ -53,11 +66,18 @@ def test_any_picklable_metric_value_is_kept_in_metrics_and_the_dataframe(ray_ses
     assert list(frame["step"]) == [0, 10] and list(frame["timestamp"]) == ["t0", "t1"]
     assert list(frame["attempt"]) == [0, 0]  # bookkeeping that does not collide stays
     # Read back in a fresh process, from storage alone.
-    script = ("import trainlib, sys; r = trainlib.Result.from_path(sys.argv[1]); "
-              "print(repr(r.metrics['when']), r.metrics['sizes'], list(r.metrics_dataframe['phase']), "
-              "list(r.metrics_dataframe['step']))")
-    out = subprocess.run([sys.executable, "-c", script, result.path], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    script = (
+        "import trainlib, sys; r = trainlib.Result.from_path(sys.argv[1]); "
+        "print(repr(r.metrics['when']), r.metrics['sizes'], list(r.metrics_dataframe['phase']), "
+        "list(r.metrics_dataframe['step']))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, result.path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert out.returncode == 0, out.stderr
     assert "datetime.date(2026, 1, 2) [3, 1, 1] ['epoch-0', 'epoch-1'] [0, 10]" in out.stdout
 
@@ -103,8 +123,11 @@ def test_worker_group_error_maps_the_raising_rank_to_its_exception(ray_session, 
 
 def test_controller_errors_are_training_failed_errors(ray_session, storage_path):
     with pytest.raises(trainlib.ControllerError) as info:
-        DataParallelTrainer(any_value_train_func, scaling_config=trainlib.ScalingConfig(num_workers=64),
-                            run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False)).fit()
+        DataParallelTrainer(
+            any_value_train_func,
+            scaling_config=trainlib.ScalingConfig(num_workers=64),
+            run_config=trainlib.RunConfig(storage_path=storage_path, verbose=False),
+        ).fit()
     assert isinstance(info.value, trainlib.ResourcesUnavailableError)
     assert isinstance(info.value, trainlib.TrainingFailedError)
     assert info.value.controller_failure is info.value
@@ -140,16 +163,26 @@ def async_train_func(config):
 
     folder = tempfile.mkdtemp()
     start = time.monotonic()
-    trainlib.report({"step": 1}, checkpoint=_write_checkpoint(folder, 1),
-                    checkpoint_upload_mode=CheckpointUploadMode.ASYNC, checkpoint_upload_fn=slow_upload)
+    trainlib.report(
+        {"step": 1},
+        checkpoint=_write_checkpoint(folder, 1),
+        checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+        checkpoint_upload_fn=slow_upload,
+    )
     returned_in = time.monotonic() - start
     open(gate, "w").close()
     folder2 = tempfile.mkdtemp()
-    trainlib.report({"step": 2}, checkpoint=_write_checkpoint(folder2, 2),
-                    checkpoint_upload_mode=CheckpointUploadMode.ASYNC)
+    trainlib.report(
+        {"step": 2}, checkpoint=_write_checkpoint(folder2, 2), checkpoint_upload_mode=CheckpointUploadMode.ASYNC
+    )
     reported = trainlib.get_all_reported_checkpoints()  # waits for both uploads and commits
-    trainlib.report({"returned_in": returned_in, "reported": [r.metrics["step"] for r in reported],
-                     "folders_left": [os.path.exists(folder), os.path.exists(folder2)]})
+    trainlib.report(
+        {
+            "returned_in": returned_in,
+            "reported": [r.metrics["step"] for r in reported],
+            "folders_left": [os.path.exists(folder), os.path.exists(folder2)],
+        }
+    )
 
 
 def test_async_report_returns_before_the_upload_and_deletes_the_folder_after(ray_session, storage_path, tmp_path):
@@ -165,12 +198,14 @@ def no_upload_train_func():
     storage = trainlib.get_context().get_storage()
     folder = os.path.join(storage.experiment_fs_path, "my_checkpoint_000")  # written in place, by every rank
     os.makedirs(folder, exist_ok=True)
-    trainlib.report({"step": 1}, checkpoint=_write_checkpoint(folder, 1),
-                    checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+    trainlib.report(
+        {"step": 1}, checkpoint=_write_checkpoint(folder, 1), checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD
+    )
     outside = tempfile.mkdtemp()
     try:
-        trainlib.report({"step": 2}, checkpoint=_write_checkpoint(outside, 2),
-                        checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+        trainlib.report(
+            {"step": 2}, checkpoint=_write_checkpoint(outside, 2), checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD
+        )
     except ValueError as exc:
         trainlib.report({"step": 2, "outside_error": str(exc)})
 
@@ -178,7 +213,7 @@ def no_upload_train_func():
 def test_no_upload_commits_the_folder_in_place_and_keeps_it(ray_session, storage_path):
     result = _trainer(no_upload_train_func, storage_path, name="noupload").fit()
     assert "outside the run's folder" in result.metrics["outside_error"]
-    (checkpoint, metrics), = result.best_checkpoints
+    ((checkpoint, metrics),) = result.best_checkpoints
     assert metrics["step"] == 1
     assert checkpoint.path == os.path.join(storage_path, "noupload", "my_checkpoint_000")
     assert _user_files(checkpoint.path) == ["rank0.json", "rank1.json"]
@@ -207,8 +242,10 @@ def restarting_train_func(config):
     start = 0 if trainlib.get_checkpoint() is None else 2
     for step in range(start, 3):
         with tempfile.TemporaryDirectory() as folder:
-            trainlib.report({"step": step, "attempt": attempt, "seen_at_start": seen_at_start},
-                            checkpoint=_write_checkpoint(folder, step))
+            trainlib.report(
+                {"step": step, "attempt": attempt, "seen_at_start": seen_at_start},
+                checkpoint=_write_checkpoint(folder, step),
+            )
         if step == 1 and attempt == 0:
             # Both ranks have reported step 1 before rank 1 fails, however loaded the machine: trainlib keeps
             # the reports every rank made before a failure, not ones a slower rank would have made later.
@@ -220,9 +257,18 @@ def restarting_train_func(config):
 def test_get_all_reported_checkpoints_survives_restarts(ray_session, storage_path):
     from trainlib.torch import TorchTrainer  # restarting_train_func holds its ranks together with a gloo barrier
 
-    result = _trainer(restarting_train_func, storage_path, name="restarts", trainer_class=TorchTrainer,
-                      run_config=trainlib.RunConfig(name="restarts", storage_path=storage_path, verbose=False,
-                                                    failure_config=trainlib.FailureConfig(max_failures=1))).fit()
+    result = _trainer(
+        restarting_train_func,
+        storage_path,
+        name="restarts",
+        trainer_class=TorchTrainer,
+        run_config=trainlib.RunConfig(
+            name="restarts",
+            storage_path=storage_path,
+            verbose=False,
+            failure_config=trainlib.FailureConfig(max_failures=1),
+        ),
+    ).fit()
     assert result.metrics["attempt"] == 1
     assert result.metrics["seen_at_start"] == [0, 1]  # the restarted group sees what the first one reported
     assert [m["step"] for _, m in result.best_checkpoints] == [0, 1, 2]
@@ -237,9 +283,14 @@ def metadata_train_func():
         checkpoint = _write_checkpoint(folder, 1)
         checkpoint.set_metadata({"tokenizer": "bpe"})
         checkpoint.update_metadata({"vocab": 5})
-        trainlib.report({"experiment_fs_path": storage.experiment_fs_path,
-                         "dir_name": storage.experiment_dir_name,
-                         "context_metadata": trainlib.get_context().get_metadata()}, checkpoint=checkpoint)
+        trainlib.report(
+            {
+                "experiment_fs_path": storage.experiment_fs_path,
+                "dir_name": storage.experiment_dir_name,
+                "context_metadata": trainlib.get_context().get_metadata(),
+            },
+            checkpoint=checkpoint,
+        )
 
 
 def test_checkpoint_metadata_and_trainer_metadata(ray_session, storage_path):
@@ -255,8 +306,9 @@ def test_checkpoint_metadata_and_trainer_metadata(ray_session, storage_path):
         assert os.path.exists(os.path.join(folder, ".metadata.json"))
 
 
-def test_only_numbers_go_to_mlflow_and_the_rest_is_skipped_with_one_warning(ray_session, storage_path, tmp_path,
-                                                                           caplog):
+def test_only_numbers_go_to_mlflow_and_the_rest_is_skipped_with_one_warning(
+    ray_session, storage_path, tmp_path, caplog
+):
     from mlflow.tracking import MlflowClient
 
     from trainlib.mlflow import MLflowLogger
@@ -264,9 +316,14 @@ def test_only_numbers_go_to_mlflow_and_the_rest_is_skipped_with_one_warning(ray_
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     mlflow_logger = MLflowLogger(tracking_uri=uri, experiment_name="parity-values")
     with caplog.at_level("WARNING", logger="trainlib"):
-        result = _trainer(any_value_train_func, storage_path, name="values-mlflow",
-                          run_config=trainlib.RunConfig(name="values-mlflow", storage_path=storage_path,
-                                                        verbose=False, callbacks=[mlflow_logger])).fit()
+        result = _trainer(
+            any_value_train_func,
+            storage_path,
+            name="values-mlflow",
+            run_config=trainlib.RunConfig(
+                name="values-mlflow", storage_path=storage_path, verbose=False, callbacks=[mlflow_logger]
+            ),
+        ).fit()
     assert result.metrics["phase"] == "epoch-1"
     run = MlflowClient(uri).get_run(mlflow_logger.run_id)
     assert set(run.data.metrics) == {"loss", "step"}  # the user's own "step" is a number: logged too
@@ -314,16 +371,22 @@ def test_an_unpicklable_return_value_is_named_in_the_warning(caplog):
 def runtime_env_train_func():
     import torch
 
-    trainlib.report({"probe_seen": os.environ.get("TRAINLIB_PROBE") == "s3cr3t-value",
-                     "omp": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads()})
+    trainlib.report(
+        {
+            "probe_seen": os.environ.get("TRAINLIB_PROBE") == "s3cr3t-value",
+            "omp": os.environ.get("OMP_NUM_THREADS"),
+            "torch_threads": torch.get_num_threads(),
+        }
+    )
 
 
 def test_worker_runtime_env_reaches_the_workers_its_variables_win_and_it_is_never_stored(ray_session, storage_path):
     from trainlib.torch import TorchTrainer
 
     env = {"env_vars": {"TRAINLIB_PROBE": "s3cr3t-value", "OMP_NUM_THREADS": "3"}}
-    run_config = trainlib.RunConfig(name="runtime-env", storage_path=storage_path, verbose=False,
-                                    worker_runtime_env=env)
+    run_config = trainlib.RunConfig(
+        name="runtime-env", storage_path=storage_path, verbose=False, worker_runtime_env=env
+    )
     assert "s3cr3t" not in repr(run_config)
     result = _trainer(runtime_env_train_func, storage_path, trainer_class=TorchTrainer, run_config=run_config).fit()
     # OMP_NUM_THREADS would be 1 (one CPU per worker) without it: the user's value wins, torch's threads too.

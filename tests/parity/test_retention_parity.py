@@ -25,10 +25,14 @@ def scored_train_func(config):
 
 def _fit(storage_path, name, checkpoint_config, fail_at_end=False, **run_kwargs):
     # DataParallelTrainer: workers without torch (the suite's CPU budget); retention is the same for every trainer.
-    return DataParallelTrainer(scored_train_func, train_loop_config={"fail_at_end": fail_at_end},
-                               scaling_config=trainlib.ScalingConfig(num_workers=1),
-                               run_config=trainlib.RunConfig(name=name, storage_path=storage_path, verbose=False,
-                                                             checkpoint_config=checkpoint_config, **run_kwargs)).fit()
+    return DataParallelTrainer(
+        scored_train_func,
+        train_loop_config={"fail_at_end": fail_at_end},
+        scaling_config=trainlib.ScalingConfig(num_workers=1),
+        run_config=trainlib.RunConfig(
+            name=name, storage_path=storage_path, verbose=False, checkpoint_config=checkpoint_config, **run_kwargs
+        ),
+    ).fit()
 
 
 def _folders(path):
@@ -78,6 +82,10 @@ def test_a_pyarrow_filesystem_is_a_storage_filesystem(ray_session, tmp_path):
     with again.checkpoint.as_directory() as folder:
         assert open(os.path.join(folder, "step.txt")).read() == "4"
     # pyarrow's local filesystem is the local disk.
-    local = _fit(str(tmp_path / "local"), "on-pyarrow-local", trainlib.CheckpointConfig(num_to_keep=1),
-                 storage_filesystem=pyarrow.fs.LocalFileSystem())
+    local = _fit(
+        str(tmp_path / "local"),
+        "on-pyarrow-local",
+        trainlib.CheckpointConfig(num_to_keep=1),
+        storage_filesystem=pyarrow.fs.LocalFileSystem(),
+    )
     assert local.checkpoint.path == str(tmp_path / "local" / "on-pyarrow-local" / "checkpoint_000005")

@@ -16,9 +16,12 @@ from trainlib.torch import TorchTrainer
 
 
 def _run(func, storage_path, config=None, num_workers=2, name=None):
-    return TorchTrainer(func, train_loop_config=config,
-                        scaling_config=trainlib.ScalingConfig(num_workers=num_workers),
-                        run_config=trainlib.RunConfig(name=name, storage_path=storage_path, verbose=False)).fit()
+    return TorchTrainer(
+        func,
+        train_loop_config=config,
+        scaling_config=trainlib.ScalingConfig(num_workers=num_workers),
+        run_config=trainlib.RunConfig(name=name, storage_path=storage_path, verbose=False),
+    ).fit()
 
 
 # -- enable_reproducibility ---------------------------------------------------------
@@ -100,8 +103,15 @@ def amp_train_func():
         twice = "no error"
     except RuntimeError as exc:
         twice = str(exc)
-    trainlib.report({"first": losses[0], "last": losses[-1], "out_dtypes": sorted(dtypes),
-                     "param_dtypes": param_dtypes, "twice": twice})
+    trainlib.report(
+        {
+            "first": losses[0],
+            "last": losses[-1],
+            "out_dtypes": sorted(dtypes),
+            "param_dtypes": param_dtypes,
+            "twice": twice,
+        }
+    )
 
 
 def test_amp_on_cpu_runs_forward_in_bfloat16_and_trains(ray_session, storage_path):
@@ -141,8 +151,9 @@ def test_get_devices_outside_a_worker_is_the_cpu():
 
 def _fsdp_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
-                               torch.nn.Linear(32, 1))
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
+    )
 
 
 def fsdp_train_func(config):
@@ -162,8 +173,10 @@ def fsdp_train_func(config):
             full = torch.load(os.path.join(folder, "full_model.pt"))
         expected = {k: v.clone() for k, v in full.items()}  # set_model_state_dict shards the dict it is given
         set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
-        gathered = {k: v.full_tensor() if isinstance(v, DTensor) else v  # the full weights, on every rank
-                    for k, v in get_model_state_dict(model).items()}
+        gathered = {
+            k: v.full_tensor() if isinstance(v, DTensor) else v  # the full weights, on every rank
+            for k, v in get_model_state_dict(model).items()
+        }
         resumed_checksum = float(sum(v.double().sum() for v in gathered.values()))
         assert all(torch.equal(gathered[k], expected[k]) for k in expected)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -183,10 +196,18 @@ def fsdp_train_func(config):
         dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=os.path.join(folder, "sharded"))
         if rank == 0:
             torch.save(full, os.path.join(folder, "full_model.pt"))
-        trainlib.report({"first": losses[0], "last": losses[-1], "sharded": sharded, "local_numel": local_numel,
-                         "full_numel": full_numel, "resumed_checksum": resumed_checksum,
-                         "checksum": float(sum(v.double().sum() for v in full.values()))},
-                        checkpoint=trainlib.Checkpoint.from_directory(folder))
+        trainlib.report(
+            {
+                "first": losses[0],
+                "last": losses[-1],
+                "sharded": sharded,
+                "local_numel": local_numel,
+                "full_numel": full_numel,
+                "resumed_checksum": resumed_checksum,
+                "checksum": float(sum(v.double().sum() for v in full.values())),
+            },
+            checkpoint=trainlib.Checkpoint.from_directory(folder),
+        )
 
 
 def test_fsdp_on_two_cpu_workers_trains_and_checkpoints_sharded_and_full(ray_session, storage_path, tmp_path):
@@ -211,10 +232,13 @@ def test_fsdp_on_two_cpu_workers_trains_and_checkpoints_sharded_and_full(ray_ses
     assert abs(sum(float(v.double().sum()) for v in plain.state_dict().values()) - m["checksum"]) < 1e-6
 
     # Full -> sharded: a second run loads the full state dict into its FSDP model.
-    resumed = TorchTrainer(fsdp_train_func, train_loop_config={"steps": 1},
-                           scaling_config=trainlib.ScalingConfig(num_workers=2),
-                           run_config=trainlib.RunConfig(name="fsdp-resumed", storage_path=storage_path, verbose=False),
-                           resume_from_checkpoint=result.checkpoint).fit()
+    resumed = TorchTrainer(
+        fsdp_train_func,
+        train_loop_config={"steps": 1},
+        scaling_config=trainlib.ScalingConfig(num_workers=2),
+        run_config=trainlib.RunConfig(name="fsdp-resumed", storage_path=storage_path, verbose=False),
+        resume_from_checkpoint=result.checkpoint,
+    ).fit()
     assert resumed.metrics["resumed_checksum"] == pytest.approx(m["checksum"], abs=1e-6)
 
 

@@ -28,7 +28,6 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import FASHION_MNIST_MIRROR, REPO_ROOT, free_port
 from prefect_helpers import PrefectServer
 
@@ -40,8 +39,9 @@ DEPLOYMENT = "training-pipeline/fashion-mnist-retrain"
 SMALL = {"num_workers": 2, "limit": 384, "test_limit": 300, "batch_size": 32}
 UI_TIMEOUT_MS = 60_000
 
-needs_data = pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_MIRROR),
-                                reason=f"the FashionMNIST mirror {FASHION_MNIST_MIRROR} is missing")
+needs_data = pytest.mark.skipif(
+    not os.path.isdir(FASHION_MNIST_MIRROR), reason=f"the FashionMNIST mirror {FASHION_MNIST_MIRROR} is missing"
+)
 
 
 def _chromium() -> str | None:
@@ -62,16 +62,27 @@ def _kill_session(sid: int) -> None:
 def services(tmp_path_factory):
     """A Prefect server (SQLite, own PREFECT_HOME, UI on) on 127.0.0.1, and the pipeline's home for this module."""
     root = tmp_path_factory.mktemp("services")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS", "TRAINLIB_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS", "TRAINLIB_"))}
     server = PrefectServer(root, env, ui=True).start()
     try:
         server.wait()
         home = root / "trainlib_home"
-        client_env = dict(server.env, PREFECT_API_URL=server.api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false",
-                          TRAINLIB_HOME=str(home), PYTHONPATH=REPO_ROOT)
-        yield {"api_url": server.api_url, "ui_url": server.ui_url, "env": client_env, "root": root,
-               "home": home, "mlflow_uri": f"sqlite:///{home}/mlflow.db", "results": {}}
+        client_env = dict(
+            server.env,
+            PREFECT_API_URL=server.api_url,
+            PREFECT_SERVER_ALLOW_EPHEMERAL_MODE="false",
+            TRAINLIB_HOME=str(home),
+            PYTHONPATH=REPO_ROOT,
+        )
+        yield {
+            "api_url": server.api_url,
+            "ui_url": server.ui_url,
+            "env": client_env,
+            "root": root,
+            "home": home,
+            "mlflow_uri": f"sqlite:///{home}/mlflow.db",
+            "results": {},
+        }
     finally:
         server.stop()
 
@@ -86,15 +97,20 @@ def deployed(services):
 
 
 def _api(services, path: str, body: dict | None = None, method: str = "POST"):
-    request = urllib.request.Request(services["api_url"] + path, data=json.dumps(body or {}).encode(),
-                                     headers={"Content-Type": "application/json"}, method=method)
+    request = urllib.request.Request(
+        services["api_url"] + path,
+        data=json.dumps(body or {}).encode(),
+        headers={"Content-Type": "application/json"},
+        method=method,
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 
 
 def _cli(services, *args: str, timeout: float = 120, check: bool = True) -> str:
-    done = subprocess.run([f"{BIN}/prefect", *args], cwd=REPO_ROOT, env=services["env"], capture_output=True,
-                          text=True, timeout=timeout)
+    done = subprocess.run(
+        [f"{BIN}/prefect", *args], cwd=REPO_ROOT, env=services["env"], capture_output=True, text=True, timeout=timeout
+    )
     if check:
         assert done.returncode == 0, f"prefect {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout + done.stderr
@@ -128,9 +144,14 @@ def _start_deployment_run(services, params: dict) -> str:
 def _start_worker(services) -> subprocess.Popen:
     """`prefect worker start --run-once` in its own session (kill what it leaves with _kill_session)."""
     with open(services["root"] / "worker.log", "ab") as log:
-        return subprocess.Popen([f"{BIN}/prefect", "worker", "start", "--pool", POOL, "--run-once"],
-                                cwd=REPO_ROOT, env=services["env"], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            [f"{BIN}/prefect", "worker", "start", "--pool", POOL, "--run-once"],
+            cwd=REPO_ROOT,
+            env=services["env"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _run_worker_once(services, timeout_s: float = 420) -> str:
@@ -230,8 +251,14 @@ def test_main_command_and_a_killed_then_retried_deployment_run_share_one_registr
     args = [f"--{k.replace('_', '-')}={v}" for k, v in {**SMALL, "recipe": "tutorial"}.items()]
 
     # 1. `make run`: the main command, on the module's Prefect server, with TRAINLIB_HOME as its only hint.
-    done = subprocess.run([sys.executable, "-m", "flows.main", "--mirrors", FASHION_MNIST_MIRROR, "--epochs", "1",
-                           *args], cwd=REPO_ROOT, env=services["env"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.main", "--mirrors", FASHION_MNIST_MIRROR, "--epochs", "1", *args],
+        cwd=REPO_ROOT,
+        env=services["env"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
     assert f"{model_name} version 1: no champion yet" in out
@@ -249,8 +276,12 @@ def test_main_command_and_a_killed_then_retried_deployment_run_share_one_registr
     # Every task run of that (uninterrupted) run reached the server.
     main_steps = _steps_run(services, page.group(1))
     main_tasks = _task_runs(services, main_steps["id"])
-    assert sorted(t["name"].rsplit("-", 1)[0] for t in main_tasks) == ["download-dataset", "evaluate", "register",
-                                                                       "train"]
+    assert sorted(t["name"].rsplit("-", 1)[0] for t in main_tasks) == [
+        "download-dataset",
+        "evaluate",
+        "register",
+        "train",
+    ]
     assert {t["state_type"] for t in main_tasks} == {"COMPLETED"}
     train = next(t for t in main_tasks if t["name"].startswith("train-"))
     assert any("rank 0 report 1" in m and "val_accuracy" in m for m in _logs(services, task_run_id=[train["id"]]))
@@ -261,8 +292,14 @@ def test_main_command_and_a_killed_then_retried_deployment_run_share_one_registr
     assert (deployment.get("concurrency_options") or {}).get("collision_strategy") == "ENQUEUE"
     [schedule] = deployment["schedules"]
     assert schedule["schedule"]["cron"] == "0 3 * * 1" and schedule["schedule"]["timezone"] == "Europe/Berlin"
-    params = {**SMALL, "limit": 1024, "mirrors": [FASHION_MNIST_MIRROR], "epochs": 3, "recipe": "tutorial",
-              "lr": 0.0}  # lr=0: the initial weights, worse than the champion
+    params = {
+        **SMALL,
+        "limit": 1024,
+        "mirrors": [FASHION_MNIST_MIRROR],
+        "epochs": 3,
+        "recipe": "tutorial",
+        "lr": 0.0,
+    }  # lr=0: the initial weights, worse than the champion
     flow_run_id = _start_deployment_run(services, params)
     run_folder = services["home"] / "runs" / f"{model_name}-{flow_run_id[:8]}"
 
@@ -290,8 +327,9 @@ def test_main_command_and_a_killed_then_retried_deployment_run_share_one_registr
     # The champion was loaded and gave its registered labels for the probe images, so its accuracy recorded on
     # these test images was taken, not scored again (tests/model/test_promotion.py: when it is scored).
     evaluations = [t["id"] for t in tasks if t["name"].startswith("evaluate-")]
-    assert any("on the same images (recorded at its registration" in m
-               for m in _logs(services, task_run_id=evaluations)), _logs(services, task_run_id=evaluations)
+    assert any(
+        "on the same images (recorded at its registration" in m for m in _logs(services, task_run_id=evaluations)
+    ), _logs(services, task_run_id=evaluations)
     # Rank 0's progress reached the flow run's log (so the terminal and the UI) in more than one epoch.
     # Whether a line falls inside an epoch depends on the machine's speed (lines come every 10 s):
     # the unit test of ProgressMeter pins the in-epoch publication.
@@ -307,19 +345,21 @@ def test_main_command_and_a_killed_then_retried_deployment_run_share_one_registr
     assert challenger.tags["previous_champion_version"] == "1"
     assert challenger.tags["promotion_decision"] == "kept_champion"
     assert float(challenger.tags["previous_champion_test_accuracy"]) == pytest.approx(
-        float(champion.tags["test_accuracy"]), abs=1e-6)
+        float(champion.tags["test_accuracy"]), abs=1e-6
+    )
     assert client.get_run(champion.run_id).info.experiment_id == client.get_run(challenger.run_id).info.experiment_id
     assert challenger.tags["test_data_md5"] == champion.tags["test_data_md5"]  # scored on the same images
     # The killed and the retried attempt are one MLflow run, with each epoch's validation once.
     retried = client.get_run(challenger.run_id)
     assert retried.data.tags["trainlib.resumed"] == "1"
     assert sorted(m.step for m in client.get_metric_history(challenger.run_id, "val_accuracy")) == [1, 2, 3]
-    assert len(client.search_runs([retried.info.experiment_id],
-                                  f"tags.`prefect.flow_run_id` = '{flow_run_id}'")) == 1
+    assert len(client.search_runs([retried.info.experiment_id], f"tags.`prefect.flow_run_id` = '{flow_run_id}'")) == 1
     # Lineage: the data set is the run's input, the usual source tags, one checkpoint copy (the best), the recipe.
     run = client.get_run(champion.run_id)
     [dataset_input] = run.inputs.dataset_inputs
-    assert dataset_input.dataset.name == "fashion-mnist" and champion.tags["dataset_md5"] == dataset_input.dataset.digest
+    assert (
+        dataset_input.dataset.name == "fashion-mnist" and champion.tags["dataset_md5"] == dataset_input.dataset.digest
+    )
     assert run.data.tags["mlflow.source.name"] == "flows.pipeline:training-pipeline" and "mlflow.user" in run.data.tags
     if os.path.exists(os.path.join(REPO_ROOT, ".git")):
         assert len(run.data.tags["mlflow.source.git.commit"]) == 40
@@ -330,19 +370,30 @@ def test_main_command_and_a_killed_then_retried_deployment_run_share_one_registr
     artifacts = {}  # the latest of each key
     for artifact in _api(services, "/artifacts/filter", {"sort": "CREATED_DESC"}):
         artifacts.setdefault(artifact["key"], artifact)
-    assert {f"evaluation-{model_name}", f"per-class-accuracy-{model_name}", f"model-registry-{model_name}",
-            f"training-progress-{model_name}", "mlflow-run-fashion-mnist"} <= set(artifacts)
+    assert {
+        f"evaluation-{model_name}",
+        f"per-class-accuracy-{model_name}",
+        f"model-registry-{model_name}",
+        f"training-progress-{model_name}",
+        "mlflow-run-fashion-mnist",
+    } <= set(artifacts)
     assert artifacts[f"training-progress-{model_name}"]["data"] == pytest.approx(100.0)
     promoted = _api(services, "/events/filter", {"filter": {"event": {"name": ["trainlib.model.promoted"]}}})["events"]
-    assert any(e["resource"]["prefect.resource.id"] == f"mlflow.model.{model_name}" and
-               str(e["payload"]["version"]) == "1" for e in promoted), promoted
+    assert any(
+        e["resource"]["prefect.resource.id"] == f"mlflow.model.{model_name}" and str(e["payload"]["version"]) == "1"
+        for e in promoted
+    ), promoted
     assert f"/runs/{challenger.run_id}" in artifacts["mlflow-run-fashion-mnist"]["data"]
     services["results"]["ui_run"] = (main_steps["id"], model_name, "fashion-mnist")  # four task runs, one each
 
 
 def test_bad_deployment_parameters_are_refused_by_the_server(deployed):
-    for params, words in [({"epochs": 0}, ["epochs"]), ({"dataset": "cifar10"}, ["dataset", "fashion-mnist"]),
-                          ({"epoch": 2}, ["epoch"]), ({"num_workers": "two"}, ["num_workers"])]:
+    for params, words in [
+        ({"epochs": 0}, ["epochs"]),
+        ({"dataset": "cifar10"}, ["dataset", "fashion-mnist"]),
+        ({"epoch": 2}, ["epoch"]),
+        ({"num_workers": "two"}, ["num_workers"]),
+    ]:
         out = _cli(deployed, "deployment", "run", DEPLOYMENT, "--params", json.dumps({"params": params}), check=False)
         assert "UUID" not in out, out  # no flow run was created
         for word in words:
@@ -386,9 +437,16 @@ def test_failed_run_notifies_the_webhook_and_emits_training_failed(services, ray
             block_id = save_webhook_block(f"http://127.0.0.1:{receiver.server_port}/alerts", allow_private_urls=True)
             configure_alerts(block_id)
         started = time.monotonic()
-        state = _run_flow_in_process(services, ray_session, **{**SMALL, "num_workers": 64}, epochs=1,
-                                     mirrors=[FASHION_MNIST_MIRROR], model_name="fmnist-alerts",
-                                     storage_path=str(tmp_path / "runs"), data_cache_dir=str(tmp_path / "cache"))
+        state = _run_flow_in_process(
+            services,
+            ray_session,
+            **{**SMALL, "num_workers": 64},
+            epochs=1,
+            mirrors=[FASHION_MNIST_MIRROR],
+            model_name="fmnist-alerts",
+            storage_path=str(tmp_path / "runs"),
+            data_cache_dir=str(tmp_path / "cache"),
+        )
         assert state.is_failed()
         assert "can hold at most" in state.message or "ResourcesUnavailableError" in state.message, state.message
         assert time.monotonic() - started < 120
@@ -399,9 +457,12 @@ def test_failed_run_notifies_the_webhook_and_emits_training_failed(services, ray
         assert "entered state Failed" in body["body"] and "can hold at most" in body["body"], body
         deadline = time.monotonic() + 60  # events travel from the task's process in the background
         while True:
-            events = _api(services, "/events/filter", {"filter": {"event": {"name": ["trainlib.training.failed"]}},
-                                                       "limit": 50})["events"]
-            failed = [e for e in events if e["resource"]["prefect.resource.id"].startswith("trainlib.run.fmnist-alerts-")]
+            events = _api(
+                services, "/events/filter", {"filter": {"event": {"name": ["trainlib.training.failed"]}}, "limit": 50}
+            )["events"]
+            failed = [
+                e for e in events if e["resource"]["prefect.resource.id"].startswith("trainlib.run.fmnist-alerts-")
+            ]
             if failed or time.monotonic() > deadline:
                 break
             time.sleep(1)
@@ -422,8 +483,11 @@ def test_flow_run_page_shows_task_runs_and_artifacts(services):
         pytest.skip("needs a pipeline run of an earlier test in this module")
     steps_id, model_name, experiment = services["results"]["ui_run"]
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=_chromium(), headless=True,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        browser = p.chromium.launch(
+            executable_path=_chromium(),
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
             page.goto(f"{services['ui_url']}/runs/flow-run/{steps_id}")
@@ -433,12 +497,19 @@ def test_flow_run_page_shows_task_runs_and_artifacts(services):
             for name in ("download-dataset-", "train-", "evaluate-", "register-"):
                 page.get_by_text(re.compile(f"^{name}[0-9a-f]+$")).first.wait_for(timeout=UI_TIMEOUT_MS)
             # The README's picture is refreshed only on request: a test run leaves the checkout as it found it.
-            shot_dir = (os.path.join(REPO_ROOT, "docs") if os.environ.get("TRAINLIB_REFRESH_DOC_SCREENSHOTS") == "1"
-                        else str(services["root"]))
+            shot_dir = (
+                os.path.join(REPO_ROOT, "docs")
+                if os.environ.get("TRAINLIB_REFRESH_DOC_SCREENSHOTS") == "1"
+                else str(services["root"])
+            )
             page.screenshot(path=os.path.join(shot_dir, "prefect_flow_run.png"), full_page=True)
             page.get_by_text("Artifacts", exact=True).first.click()
-            for key in (f"evaluation-{model_name}", f"model-registry-{model_name}", f"training-progress-{model_name}",
-                        f"mlflow-run-{experiment}"):
+            for key in (
+                f"evaluation-{model_name}",
+                f"model-registry-{model_name}",
+                f"training-progress-{model_name}",
+                f"mlflow-run-{experiment}",
+            ):
                 page.get_by_text(key, exact=True).first.wait_for(timeout=UI_TIMEOUT_MS)
         finally:
             browser.close()
@@ -476,8 +547,14 @@ def test_the_last_tasks_log_lines_reach_the_server_before_ray_stops(services, tm
     script = tmp_path / "one_step.py"
     script.write_text(LAST_TASK_LOGS_SCRIPT)
     marker = f"last-line-{os.getpid()}-{time.time_ns()}"
-    done = subprocess.run([sys.executable, str(script), marker], cwd=REPO_ROOT, capture_output=True, text=True,
-                          env=dict(services["env"], PREFECT_LOGGING_TO_API_BATCH_INTERVAL="60"), timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script), marker],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(services["env"], PREFECT_LOGGING_TO_API_BATCH_INTERVAL="60"),
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     [flow_run_id] = re.findall(r"^FLOW_RUN (\S+)$", done.stdout, re.M)
     tasks = [t["id"] for t in _task_runs(services, flow_run_id)]
@@ -486,12 +563,15 @@ def test_the_last_tasks_log_lines_reach_the_server_before_ray_stops(services, tm
     assert "Still processing items" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
 
 
-@pytest.mark.parametrize("params, expected", [
-    ({"dataset": "cifar10"}, ["dataset", "fashion-mnist"]),
-    ({"epochs": 0}, ["epochs", "greater than 0"]),
-    ({"num_workers": 0}, ["num_workers", "greater than or equal to 1"]),
-    ({"epoch": 3}, ["unknown parameter 'epoch'", "did you mean 'epochs'"]),
-])
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        ({"dataset": "cifar10"}, ["dataset", "fashion-mnist"]),
+        ({"epochs": 0}, ["epochs", "greater than 0"]),
+        ({"num_workers": 0}, ["num_workers", "greater than or equal to 1"]),
+        ({"epoch": 3}, ["unknown parameter 'epoch'", "did you mean 'epochs'"]),
+    ],
+)
 def test_invalid_parameters_fail_before_any_task(services, ray_session, tmp_path, params, expected):
     from flows.pipeline import training_pipeline
 
@@ -512,8 +592,14 @@ def test_corrupt_mirror_file_names_file_and_both_checksums(services, ray_session
     corrupt = mirror / "train-labels-idx1-ubyte.gz"
     corrupt.write_bytes(gzip.compress(b"not the labels", mtime=0))
     actual = hashlib.md5(corrupt.read_bytes()).hexdigest()
-    state = _run_flow_in_process(services, ray_session, mirrors=[str(mirror)], storage_path=str(tmp_path / "runs"),
-                                 data_cache_dir=str(tmp_path / "cache"), **SMALL)
+    state = _run_flow_in_process(
+        services,
+        ray_session,
+        mirrors=[str(mirror)],
+        storage_path=str(tmp_path / "runs"),
+        data_cache_dir=str(tmp_path / "cache"),
+        **SMALL,
+    )
     assert state.is_failed()
     for word in ("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe", actual, "checksum mismatch"):
         assert word in state.message, state.message
@@ -523,8 +609,14 @@ def test_unreachable_mirrors_list_every_url_tried(services, ray_session, tmp_pat
     closed = f"http://127.0.0.1:{free_port()}/fashion-mnist/"
     missing = str(tmp_path / "no-such-folder")
     started = time.monotonic()
-    state = _run_flow_in_process(services, ray_session, mirrors=[closed, missing], storage_path=str(tmp_path / "runs"),
-                                 data_cache_dir=str(tmp_path / "cache"), **SMALL)
+    state = _run_flow_in_process(
+        services,
+        ray_session,
+        mirrors=[closed, missing],
+        storage_path=str(tmp_path / "runs"),
+        data_cache_dir=str(tmp_path / "cache"),
+        **SMALL,
+    )
     assert state.is_failed()
     assert closed.rstrip("/") in state.message and missing in state.message, state.message
     assert time.monotonic() - started < 60

@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 import yaml
-
 from conftest import REPO_ROOT
+
 from deployments import DEPLOYMENT_NAME, SCHEDULE_CRON, SCHEDULE_TIMEZONE, SCORE_DEPLOYMENT_NAME, WORK_POOL
 from tasks.domain.dataset_fetch import DatasetDownloadError, is_transient_download_failure
 from tasks.domain.evaluation import evaluate_model, report_from_confusion
@@ -31,9 +31,14 @@ def test_better_accuracy_takes_champion_and_ties_do_not():
     assert not tie.promote and "champion version 3" in tie.reason and "champion kept" in tie.reason
     worse = decide_promotion(0.10, 0.47, "1")
     assert not worse.promote
-    assert worse.tags() == {"promotion_decision": "kept_champion", "promotion_reason": worse.reason,
-                            "previous_champion_version": "1", "previous_champion_test_accuracy": "0.470000",
-                            "promotion_margin": "-0.370000", "promotion_min_margin": "0.000000"}
+    assert worse.tags() == {
+        "promotion_decision": "kept_champion",
+        "promotion_reason": worse.reason,
+        "previous_champion_version": "1",
+        "previous_champion_test_accuracy": "0.470000",
+        "promotion_margin": "-0.370000",
+        "promotion_min_margin": "0.000000",
+    }
 
 
 def test_champion_without_recorded_accuracy_is_replaced():
@@ -53,8 +58,9 @@ def test_parse_accuracy():
 
 
 def _flow_parameter_errors(**params):
-    from flows.pipeline import training_pipeline
     from prefect.exceptions import ParameterTypeError
+
+    from flows.pipeline import training_pipeline
 
     try:
         training_pipeline.validate_parameters({"params": params})
@@ -63,18 +69,21 @@ def _flow_parameter_errors(**params):
     return None
 
 
-@pytest.mark.parametrize("params, words", [
-    ({"epochs": 0}, ["epochs", "greater than 0"]),
-    ({"epochs": -3}, ["epochs"]),
-    ({"num_workers": 0}, ["num_workers", "greater than or equal to 1"]),
-    ({"dataset": "cifar10"}, ["dataset", "'fashion-mnist' or 'mnist'"]),
-    ({"epoch": 2}, ["unknown parameter 'epoch'", "did you mean 'epochs'"]),
-    ({"epochs": "many"}, ["epochs", "valid integer"]),
-    ({"lr": -1.0}, ["lr"]),
-    ({"batch_size": 0}, ["batch_size"]),
-    ({"limit": 0}, ["limit"]),
-    ({"model_name": "bad name/with slash"}, ["model_name"]),
-])
+@pytest.mark.parametrize(
+    "params, words",
+    [
+        ({"epochs": 0}, ["epochs", "greater than 0"]),
+        ({"epochs": -3}, ["epochs"]),
+        ({"num_workers": 0}, ["num_workers", "greater than or equal to 1"]),
+        ({"dataset": "cifar10"}, ["dataset", "'fashion-mnist' or 'mnist'"]),
+        ({"epoch": 2}, ["unknown parameter 'epoch'", "did you mean 'epochs'"]),
+        ({"epochs": "many"}, ["epochs", "valid integer"]),
+        ({"lr": -1.0}, ["lr"]),
+        ({"batch_size": 0}, ["batch_size"]),
+        ({"limit": 0}, ["limit"]),
+        ({"model_name": "bad name/with slash"}, ["model_name"]),
+    ],
+)
 def test_bad_flow_parameters_are_rejected_with_the_field_named(params, words):
     message = _flow_parameter_errors(**params)
     assert message is not None
@@ -87,8 +96,9 @@ def test_good_flow_parameters_pass():
 
 
 def test_deployment_parameter_schema_is_enforced_by_types():
-    from flows.pipeline import training_pipeline
     from prefect.utilities.callables import parameter_schema
+
+    from flows.pipeline import training_pipeline
 
     schema = parameter_schema(training_pipeline.fn).model_dump()
     assert list(schema["properties"]) == ["params"]
@@ -101,14 +111,21 @@ def test_deployment_parameter_schema_is_enforced_by_types():
 
 
 def test_only_network_failures_are_retried():
-    transient = DatasetDownloadError("x", attempts=[
-        ("http://a/f", "ConnectionRefusedError: refused (after 3 attempt(s))"),
-        ("http://b/f", "skipped, unreachable earlier in this call: timed out")])
-    mismatch = DatasetDownloadError("x", attempts=[
-        ("http://a/f", "checksum mismatch for f: expected md5 1, got 2")])
-    mixed = DatasetDownloadError("x", attempts=[
-        ("http://a/f", "ConnectionRefusedError: refused (after 3 attempt(s))"),
-        ("/data/f", "FileNotFoundError: no such file")])
+    transient = DatasetDownloadError(
+        "x",
+        attempts=[
+            ("http://a/f", "ConnectionRefusedError: refused (after 3 attempt(s))"),
+            ("http://b/f", "skipped, unreachable earlier in this call: timed out"),
+        ],
+    )
+    mismatch = DatasetDownloadError("x", attempts=[("http://a/f", "checksum mismatch for f: expected md5 1, got 2")])
+    mixed = DatasetDownloadError(
+        "x",
+        attempts=[
+            ("http://a/f", "ConnectionRefusedError: refused (after 3 attempt(s))"),
+            ("/data/f", "FileNotFoundError: no such file"),
+        ],
+    )
     assert is_transient_download_failure(transient)
     assert not is_transient_download_failure(mismatch)
     assert not is_transient_download_failure(mixed)
@@ -119,8 +136,12 @@ def test_report_from_confusion_matrix():
     report = report_from_confusion([[3, 1], [0, 0]], 0.5, ["a", "b"])
     assert report.accuracy == 0.75 and report.num_images == 4
     assert report.per_class_accuracy == {"a": 0.75, "b": 0.0}
-    assert report.metrics() == {"test_accuracy": 0.75, "test_loss": 0.5, "test_accuracy_class_0": 0.75,
-                                "test_accuracy_class_1": 0.0}
+    assert report.metrics() == {
+        "test_accuracy": 0.75,
+        "test_loss": 0.5,
+        "test_accuracy_class_0": 0.75,
+        "test_accuracy_class_1": 0.0,
+    }
     assert "| 0 | a | 75.00% | 4 |" in report.markdown()
 
 
@@ -133,18 +154,28 @@ def test_evaluate_model_counts_and_pictures(tmp_path):
     assert report.num_images == 20 and sum(map(sum, report.confusion_matrix)) == 20
     assert all(sum(row) == 2 for row in report.confusion_matrix)
     assert 0.0 <= report.accuracy <= 1.0 and report.loss > 0
-    for path in (plot_confusion_matrix(report, str(tmp_path / "cm.png")),
-                 plot_learning_curve([{"epoch": 0, "loss": 2.0, "val_loss": 1.9, "val_accuracy": 0.3},
-                                      {"epoch": 1, "loss": 1.0, "val_loss": 1.2, "val_accuracy": 0.6}],
-                                     str(tmp_path / "lc.png"))):
+    for path in (
+        plot_confusion_matrix(report, str(tmp_path / "cm.png")),
+        plot_learning_curve(
+            [
+                {"epoch": 0, "loss": 2.0, "val_loss": 1.9, "val_accuracy": 0.3},
+                {"epoch": 1, "loss": 1.0, "val_loss": 1.2, "val_accuracy": 0.6},
+            ],
+            str(tmp_path / "lc.png"),
+        ),
+    ):
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_evaluate_model_rejects_mismatched_inputs():
     with pytest.raises(ValueError, match="as many labels as images"):
-        evaluate_model(build_model(), torch.zeros(3, 28, 28, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64),
-                       [str(i) for i in range(10)])
+        evaluate_model(
+            build_model(),
+            torch.zeros(3, 28, 28, dtype=torch.uint8),
+            torch.zeros(2, dtype=torch.int64),
+            [str(i) for i in range(10)],
+        )
 
 
 def test_split_is_deterministic_and_disjoint():
@@ -160,8 +191,11 @@ def test_ray_workers_get_the_api_url_and_no_ephemeral_server_and_no_secret():
     from flows.task_runner import make_task_runner, ray_worker_env
 
     env = ray_worker_env("http://127.0.0.1:4200/api")
-    assert env == {"PREFECT_API_URL": "http://127.0.0.1:4200/api", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "false",
-                   "PREFECT_LOGGING_EXTRA_LOGGERS": "trainlib"}
+    assert env == {
+        "PREFECT_API_URL": "http://127.0.0.1:4200/api",
+        "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "false",
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "trainlib",
+    }
     runner = make_task_runner(None, "http://127.0.0.1:4200/api")
     assert runner.address == "local" and runner.worker_env == env and "runtime_env" not in runner.init_kwargs
     assert runner.duplicate().worker_env == env  # Prefect runs a flow on a duplicate of its task runner
@@ -201,8 +235,9 @@ def _main_command(tmp_path, *args):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TRAINLIB_", "MLFLOW_"))}
     env.update(TRAINLIB_HOME=str(tmp_path / "home"), PYTHONPATH=REPO_ROOT)
-    done = subprocess.run([sys.executable, "-m", "flows.main", *args], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.main", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     return done.returncode, done.stdout + done.stderr
 
 
@@ -218,17 +253,24 @@ def test_main_command_ends_without_pythons_final_collection_over_its_libraries(t
     import sys
 
     # Run as `python -m flows.main`; a hook registered before it runs after all of its exit hooks.
-    probe = ("import atexit, gc, runpy, sys; "
-             "atexit.register(lambda: print('FROZEN', gc.get_freeze_count() > 0, flush=True)); "
-             "sys.argv = ['flows.main', '--epoch', '3']; runpy.run_module('flows.main', run_name='__main__')")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "TRAINLIB_HOME": str(tmp_path / "home")})
+    probe = (
+        "import atexit, gc, runpy, sys; "
+        "atexit.register(lambda: print('FROZEN', gc.get_freeze_count() > 0, flush=True)); "
+        "sys.argv = ['flows.main', '--epoch', '3']; runpy.run_module('flows.main', run_name='__main__')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TRAINLIB_HOME": str(tmp_path / "home")},
+    )
     assert done.returncode == 2 and "FROZEN True" in done.stdout, done.stdout + done.stderr
 
 
 def test_main_command_names_every_bad_option_and_what_it_allows(tmp_path):
-    code, out = _main_command(tmp_path, "--epochs", "0", "--dataset", "cifar10", "--num-workers", "two",
-                              "--lr", "-1")
+    code, out = _main_command(tmp_path, "--epochs", "0", "--dataset", "cifar10", "--num-workers", "two", "--lr", "-1")
     assert code == 2, out
     assert "--epochs '0'" in out and "an integer > 0 and <= 1000" in out
     assert "--dataset 'cifar10'" in out and "one of 'fashion-mnist', 'mnist'" in out
@@ -243,8 +285,9 @@ def test_cli_options_are_the_parameter_model():
 
     options = {a.dest for a in build_parser()._actions if a.option_strings and a.dest != "help"}
     assert options == set(PipelineParams.model_fields) | {"home", "prefect_port"}
-    params, _ = parse_params(["--epochs", "2", "--mirrors", "/a", "--mirrors", "s3://b/c", "--no-use-gpu",
-                              "--num-to-keep", "none"])
+    params, _ = parse_params(
+        ["--epochs", "2", "--mirrors", "/a", "--mirrors", "s3://b/c", "--no-use-gpu", "--num-to-keep", "none"]
+    )
     assert params == PipelineParams(epochs=2, mirrors=["/a", "s3://b/c"], use_gpu=False, num_to_keep=None)
     assert parse_params([])[0] == PipelineParams()  # the defaults are the model's
 
@@ -258,9 +301,12 @@ def test_every_entry_point_resolves_the_same_home(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TRAINLIB_HOME", str(tmp_path))
     home = PipelineHome.resolve()
-    assert home == PipelineHome(root=str(tmp_path), storage_path=str(tmp_path / "runs"),
-                                data_cache=str(tmp_path / "datasets"),
-                                mlflow_tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    assert home == PipelineHome(
+        root=str(tmp_path),
+        storage_path=str(tmp_path / "runs"),
+        data_cache=str(tmp_path / "datasets"),
+        mlflow_tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+    )
     assert home.mlflow_artifacts == str(tmp_path / "mlartifacts") and home.prefect_home == str(tmp_path / "prefect")
     run = resolve_run(PipelineParams(), "0123456789abcdef", home)
     assert run.training.storage_path == home.storage_path and run.mlflow_tracking_uri == home.mlflow_tracking_uri
@@ -269,7 +315,10 @@ def test_every_entry_point_resolves_the_same_home(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINLIB_STORAGE_PATH", "s3://bucket/runs")
     team = PipelineHome.resolve()
     assert (team.mlflow_tracking_uri, team.storage_path, team.mlflow_artifacts) == (
-        "http://mlflow:5000", "s3://bucket/runs", None)
+        "http://mlflow:5000",
+        "s3://bucket/runs",
+        None,
+    )
     explicit = resolve_run(PipelineParams(storage_path="/data/runs", run_name="mine"), "x" * 36, team)
     assert explicit.training.storage_path == "/data/runs" and explicit.training.run_name == "mine"
 

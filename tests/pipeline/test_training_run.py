@@ -12,10 +12,22 @@ def _settings(tmp_path, **overrides):
     from tasks.domain.recipe import get_recipe
     from tasks.domain.training_run import TrainingSettings
 
-    values = dict(run_name="pipeline-run", storage_path=str(tmp_path / "runs"), node_cache_dir=str(tmp_path / "node"),
-                  epochs=2, recipe=get_recipe("tutorial"), batch_size=32, num_workers=2, use_gpu=False, num_to_keep=2,
-                  checkpoint_score_attribute="val_accuracy", max_failures=0, limit=None, seed=0,
-                  placement_timeout_s=60.0)
+    values = dict(
+        run_name="pipeline-run",
+        storage_path=str(tmp_path / "runs"),
+        node_cache_dir=str(tmp_path / "node"),
+        epochs=2,
+        recipe=get_recipe("tutorial"),
+        batch_size=32,
+        num_workers=2,
+        use_gpu=False,
+        num_to_keep=2,
+        checkpoint_score_attribute="val_accuracy",
+        max_failures=0,
+        limit=None,
+        seed=0,
+        placement_timeout_s=60.0,
+    )
     return TrainingSettings(**{**values, **overrides})
 
 
@@ -26,8 +38,13 @@ def staged(tmp_path):
 
     md5s = write_idx_dataset(tmp_path / "mirror", n_train=256, n_test=32)
     assert md5s
-    return fetch_and_stage("fashion-mnist", [str(tmp_path / "mirror")], str(tmp_path / "cache"),
-                           str(tmp_path / "runs" / "datasets"), md5s=md5s)
+    return fetch_and_stage(
+        "fashion-mnist",
+        [str(tmp_path / "mirror")],
+        str(tmp_path / "cache"),
+        str(tmp_path / "runs" / "datasets"),
+        md5s=md5s,
+    )
 
 
 def test_progress_reaches_the_board_and_a_finished_run_is_not_trained_again(ray_session, tmp_path, staged):

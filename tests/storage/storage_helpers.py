@@ -55,15 +55,18 @@ def resumable_train_func(config):
         if ctx.get_world_size() > 1:
             dist.all_reduce(g)
         w = w * 0.5 + g
-        if (config.get("fail") and epoch == config["fail_epoch"] and rank == config.get("fail_rank", 1)
-                and ctx.get_attempt() in config.get("fail_on_attempts", [0])):
+        if (
+            config.get("fail")
+            and epoch == config["fail_epoch"]
+            and rank == config.get("fail_rank", 1)
+            and ctx.get_attempt() in config.get("fail_on_attempts", [0])
+        ):
             # Fail after the previous checkpoint is committed, so "resume from the latest" is exact.
             _wait_for_commit(ctx.get_run_path(), epoch - 1 - (epoch - 1) % config["ckpt_every"])
             if config["fail"] == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise ValueError(f"injected failure at epoch {epoch} on rank {rank}")
-        metrics = {"epoch": epoch, "w": float(w.sum()), "start_epoch": start,
-                   "world_size": ctx.get_world_size()}
+        metrics = {"epoch": epoch, "w": float(w.sum()), "start_epoch": start, "world_size": ctx.get_world_size()}
         if config.get("sleep_s"):
             time.sleep(config["sleep_s"])
         if epoch % config["ckpt_every"] == 0:
@@ -106,10 +109,16 @@ def placement_train_func(config):
     ctx = trainlib.get_context()
     t = torch.ones(1)
     dist.all_reduce(t)  # the process group spans the nodes
-    info = {"rank": ctx.get_world_rank(), "node_rank": ctx.get_node_rank(), "local_rank": ctx.get_local_rank(),
-            "local_world_size": ctx.get_local_world_size(), "world_size": ctx.get_world_size(),
-            "env": {k: os.environ[k] for k in ("RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE")},
-            "node_id": ray.get_runtime_context().get_node_id(), "all_reduce": float(t[0])}
+    info = {
+        "rank": ctx.get_world_rank(),
+        "node_rank": ctx.get_node_rank(),
+        "local_rank": ctx.get_local_rank(),
+        "local_world_size": ctx.get_local_world_size(),
+        "world_size": ctx.get_world_size(),
+        "env": {k: os.environ[k] for k in ("RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE")},
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "all_reduce": float(t[0]),
+    }
     with open(os.path.join(config["out_dir"], f"rank{ctx.get_world_rank()}.json"), "w") as f:
         json.dump(info, f)
     trainlib.report({"ok": 1})

@@ -12,9 +12,9 @@ import os
 import time
 
 import pytest
+from storage_helpers import hung_collective_train_func, resumable_train_func
 
 import trainlib
-from storage_helpers import hung_collective_train_func, resumable_train_func
 from trainlib.torch import TorchConfig, TorchTrainer
 
 pytestmark = pytest.mark.integration
@@ -25,11 +25,15 @@ BASE = {"epochs": EPOCHS, "ckpt_every": 2}
 
 def fit(storage_path, name, config, max_failures=0, **run_kwargs):
     trainer = TorchTrainer(
-        resumable_train_func, train_loop_config={**BASE, **config},
+        resumable_train_func,
+        train_loop_config={**BASE, **config},
         scaling_config=trainlib.ScalingConfig(num_workers=2),
-        run_config=trainlib.RunConfig(name=name, storage_path=storage_path,
-                                      failure_config=trainlib.FailureConfig(max_failures=max_failures),
-                                      **run_kwargs),
+        run_config=trainlib.RunConfig(
+            name=name,
+            storage_path=storage_path,
+            failure_config=trainlib.FailureConfig(max_failures=max_failures),
+            **run_kwargs,
+        ),
     )
     return trainer.fit()
 
@@ -126,7 +130,8 @@ def test_restore_continues_a_failed_run(baseline, storage_path):
 def test_hung_collective_fails_within_the_timeout(ray_session, storage_path):
     timeout_s = 5
     trainer = TorchTrainer(
-        hung_collective_train_func, train_loop_config={"rank1_sleep_s": 120},
+        hung_collective_train_func,
+        train_loop_config={"rank1_sleep_s": 120},
         scaling_config=trainlib.ScalingConfig(num_workers=2),
         torch_config=TorchConfig(timeout_s=timeout_s),
         run_config=trainlib.RunConfig(name="hung", storage_path=storage_path),
@@ -146,10 +151,17 @@ def test_retention_keeps_the_best_and_the_latest_on_disk(ray_session, storage_pa
     # w grows every epoch, so with order "min" the first checkpoint is the best one. The latest is kept
     # for resuming only while the run is unfinished: a finished run holds exactly num_to_keep
     # (docs/ray_train_parity.md; the unfinished case is tests/parity/test_retention_parity.py).
-    result = fit(storage_path, "retention", {}, checkpoint_config=trainlib.CheckpointConfig(
-        num_to_keep=1, checkpoint_score_attribute="w", checkpoint_score_order="min"))
+    result = fit(
+        storage_path,
+        "retention",
+        {},
+        checkpoint_config=trainlib.CheckpointConfig(
+            num_to_keep=1, checkpoint_score_attribute="w", checkpoint_score_order="min"
+        ),
+    )
     assert sorted(p for p in os.listdir(f"{storage_path}/retention") if p.startswith("checkpoint_")) == [
-        "checkpoint_000002"]
+        "checkpoint_000002"
+    ]
     best = [(os.path.basename(c.path), m["epoch"]) for c, m in result.best_checkpoints]
     assert best == [("checkpoint_000002", 2)]
     assert result.checkpoint.path.endswith("checkpoint_000002")

@@ -12,11 +12,10 @@ import threading
 import time
 
 import pytest
-
 from conftest import cluster_utils_cluster
+from storage_helpers import expected_w, placement_train_func, resumable_train_func
 
 import trainlib
-from storage_helpers import expected_w, placement_train_func, resumable_train_func
 from trainlib.torch import TorchTrainer
 
 pytestmark = pytest.mark.integration
@@ -40,7 +39,8 @@ def test_ranks_per_node_pack_all_cpus(cluster, tmp_path):
     out = tmp_path / "ranks"
     out.mkdir()
     result = TorchTrainer(
-        placement_train_func, train_loop_config={"out_dir": str(out)},
+        placement_train_func,
+        train_loop_config={"out_dir": str(out)},
         scaling_config=trainlib.ScalingConfig(num_workers=4, placement_strategy="PACK"),
         run_config=trainlib.RunConfig(name="ranks", storage_path=f"file://{tmp_path}/runs"),
     ).fit()
@@ -55,9 +55,13 @@ def test_ranks_per_node_pack_all_cpus(cluster, tmp_path):
         assert info["node_rank"] == order.index(info["node_id"])
         assert info["local_world_size"] == len(peers)
         assert info["local_rank"] == sorted(p["rank"] for p in peers).index(info["rank"])
-        assert info["env"] == {"RANK": str(info["rank"]), "NODE_RANK": str(info["node_rank"]),
-                               "LOCAL_RANK": str(info["local_rank"]),
-                               "LOCAL_WORLD_SIZE": str(info["local_world_size"]), "WORLD_SIZE": "4"}
+        assert info["env"] == {
+            "RANK": str(info["rank"]),
+            "NODE_RANK": str(info["node_rank"]),
+            "LOCAL_RANK": str(info["local_rank"]),
+            "LOCAL_WORLD_SIZE": str(info["local_world_size"]),
+            "WORLD_SIZE": "4",
+        }
         assert info["all_reduce"] == 4.0
     assert sorted(i["local_world_size"] for i in infos) == [1, 1, 2, 2]
 
@@ -66,14 +70,18 @@ def test_strict_spread_puts_one_worker_per_node(cluster, tmp_path):
     out = tmp_path / "ranks"
     out.mkdir()
     TorchTrainer(
-        placement_train_func, train_loop_config={"out_dir": str(out)},
+        placement_train_func,
+        train_loop_config={"out_dir": str(out)},
         scaling_config=trainlib.ScalingConfig(num_workers=3, placement_strategy="STRICT_SPREAD"),
         run_config=trainlib.RunConfig(name="spread", storage_path=f"file://{tmp_path}/runs"),
     ).fit()
     infos = read_ranks(out, 3)
     assert len({i["node_id"] for i in infos}) == 3
-    assert [(i["node_rank"], i["local_rank"], i["local_world_size"]) for i in infos] == [(0, 0, 1), (1, 0, 1),
-                                                                                         (2, 0, 1)]
+    assert [(i["node_rank"], i["local_rank"], i["local_world_size"]) for i in infos] == [
+        (0, 0, 1),
+        (1, 0, 1),
+        (2, 0, 1),
+    ]
 
 
 def test_local_storage_path_on_several_nodes_fails_before_training(cluster, tmp_path):
@@ -83,7 +91,8 @@ def test_local_storage_path_on_several_nodes_fails_before_training(cluster, tmp_
     started = time.monotonic()
     with pytest.raises(trainlib.StorageError) as info:
         TorchTrainer(
-            placement_train_func, train_loop_config={"out_dir": str(out)},
+            placement_train_func,
+            train_loop_config={"out_dir": str(out)},
             scaling_config=trainlib.ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
             run_config=trainlib.RunConfig(name="local", storage_path=storage_path),
         ).fit()
@@ -111,8 +120,9 @@ def test_node_loss_restarts_the_group_on_the_remaining_nodes(cluster, tmp_path):
                 resumable_train_func,
                 train_loop_config={"epochs": epochs, "ckpt_every": 2, "sleep_s": 0.5, "node_dir": str(node_dir)},
                 scaling_config=trainlib.ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD"),
-                run_config=trainlib.RunConfig(name="node-loss", storage_path=storage_path,
-                                              failure_config=trainlib.FailureConfig(max_failures=1)),
+                run_config=trainlib.RunConfig(
+                    name="node-loss", storage_path=storage_path, failure_config=trainlib.FailureConfig(max_failures=1)
+                ),
             ).fit()
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             box["error"] = exc

@@ -16,10 +16,10 @@ import time
 import uuid
 
 import pytest
-
-import trainlib
 from conftest import free_port, start_session_ray
 from storage_helpers import expected_w, resumable_train_func
+
+import trainlib
 from trainlib.torch import TorchTrainer
 
 pytestmark = pytest.mark.integration
@@ -61,10 +61,16 @@ def s3(tmp_path_factory):
 
     server = S3Server()
     server.start()
-    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                            "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ENDPOINT_URL=server.endpoint, AWS_ACCESS_KEY_ID=ACCESS_KEY,
-                      AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_DEFAULT_REGION="us-east-1")
+    saved = {
+        k: os.environ.get(k)
+        for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    }
+    os.environ.update(
+        AWS_ENDPOINT_URL=server.endpoint,
+        AWS_ACCESS_KEY_ID=ACCESS_KEY,
+        AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+        AWS_DEFAULT_REGION="us-east-1",
+    )
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
@@ -104,11 +110,16 @@ def s3_fs():
 
 def fit(name, config, max_failures=0, storage_options=None, **kwargs):
     return TorchTrainer(
-        resumable_train_func, train_loop_config={"epochs": EPOCHS, "ckpt_every": 2, **config},
+        resumable_train_func,
+        train_loop_config={"epochs": EPOCHS, "ckpt_every": 2, **config},
         scaling_config=trainlib.ScalingConfig(num_workers=2),
-        run_config=trainlib.RunConfig(name=name, storage_path=f"s3://{BUCKET}/runs",
-                                      storage_options=storage_options,
-                                      failure_config=trainlib.FailureConfig(max_failures=max_failures), **kwargs),
+        run_config=trainlib.RunConfig(
+            name=name,
+            storage_path=f"s3://{BUCKET}/runs",
+            storage_options=storage_options,
+            failure_config=trainlib.FailureConfig(max_failures=max_failures),
+            **kwargs,
+        ),
     ).fit()
 
 
@@ -118,8 +129,15 @@ def test_uninterrupted_run_on_s3(s3):
     assert result.metrics["w"] == expected_w(EPOCHS, 2)
     fs = s3_fs()
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{BUCKET}/runs/plain"))
-    assert names == ["checkpoint_000002", "checkpoint_000004", "checkpoint_000006", "metrics.jsonl",
-                     "trainer.pkl", "trainlib_lease_000001.json", "trainlib_run.json"]
+    assert names == [
+        "checkpoint_000002",
+        "checkpoint_000004",
+        "checkpoint_000006",
+        "metrics.jsonl",
+        "trainer.pkl",
+        "trainlib_lease_000001.json",
+        "trainlib_run.json",
+    ]
     # Read back from S3 by a fresh reader, checkpoint files included.
     again = trainlib.Result.from_path(result.path)
     assert again.metrics == result.metrics and len(again.metrics_dataframe) == EPOCHS
@@ -147,8 +165,9 @@ def test_failure_without_restarts_on_s3_names_rank_and_cause(s3):
     failed = trainlib.Result.from_path(f"s3://{BUCKET}/runs/raise-0")
     assert failed.error is not None and failed.checkpoint.uri.endswith("checkpoint_000002")
     # restore() continues it from S3, with the failure switched off.
-    result = TorchTrainer.restore(f"s3://{BUCKET}/runs/raise-0", train_loop_config={"epochs": EPOCHS,
-                                                                                 "ckpt_every": 2}).fit()
+    result = TorchTrainer.restore(
+        f"s3://{BUCKET}/runs/raise-0", train_loop_config={"epochs": EPOCHS, "ckpt_every": 2}
+    ).fit()
     assert result.metrics["w"] == expected_w(EPOCHS, 2)
     assert set(result.metrics_dataframe[result.metrics_dataframe["attempt"] == 1]["start_epoch"]) == {3}
 

@@ -13,9 +13,8 @@ import time
 import urllib.request
 
 import pytest
-from ray import cloudpickle  # trainlib's pickler
-
 from conftest import free_port
+from ray import cloudpickle  # trainlib's pickler
 
 # The training functions below run in Ray workers, which cannot import this test folder.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -46,7 +45,7 @@ class MlflowServer:
     def uri(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "MlflowServer":
+    def start(self) -> MlflowServer:
         """Start the server and wait until it answers; on another free port if another process took this one
         between ``free_port()`` and the server's bind (a Ray process of a parallel test once did)."""
         for _ in range(START_TRIES - 1):
@@ -58,7 +57,7 @@ class MlflowServer:
                 self.port = free_port()
         return self._start_once()
 
-    def _start_once(self) -> "MlflowServer":
+    def _start_once(self) -> MlflowServer:
         os.makedirs(self.root, exist_ok=True)
         # One worker and no job runner: start-up in seconds on a 2-core machine.
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -66,10 +65,25 @@ class MlflowServer:
         with open(self.log_path, "ab") as log:
             written_before = log.tell()  # the log is appended to: only this start's lines say why it exited
             self.proc = subprocess.Popen(
-                [MLFLOW_BIN, "server", "--backend-store-uri", f"sqlite:///{self.db}",
-                 "--artifacts-destination", self.artifacts, "--host", "127.0.0.1", "--port", str(self.port),
-                 "--workers", "1"],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root, start_new_session=True,
+                [
+                    MLFLOW_BIN,
+                    "server",
+                    "--backend-store-uri",
+                    f"sqlite:///{self.db}",
+                    "--artifacts-destination",
+                    self.artifacts,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--workers",
+                    "1",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.root,
+                start_new_session=True,
             )
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -127,6 +141,7 @@ def have_chromium() -> str | None:
 
 
 # -- training functions (run in Ray workers) ---------------------------------------------------
+
 
 def train_linear(config):
     """A few steps of linear regression with DDP; every step reports metrics and a checkpoint."""

@@ -31,7 +31,9 @@ def _client(server):
 
 def _fit(storage_path, name, config, logger, **run_kwargs):
     return TorchTrainer(
-        train_linear, train_loop_config=config, scaling_config=trainlib.ScalingConfig(num_workers=2),
+        train_linear,
+        train_loop_config=config,
+        scaling_config=trainlib.ScalingConfig(num_workers=2),
         run_config=trainlib.RunConfig(name=name, storage_path=storage_path, callbacks=[logger], **run_kwargs),
     ).fit()
 
@@ -49,8 +51,14 @@ def _steps(client, run_id, key):
 def finished_run(ray_session, mlflow_server, tmp_path_factory):
     storage = str(tmp_path_factory.mktemp("runs"))
     logger = MLflowLogger(tracking_uri=mlflow_server.uri, experiment_name="tracking-tests", tags={"team": "ml"})
-    config = {"steps": 3, "lr": 0.1, "optim": {"momentum": 0.9, "nesterov": False},
-              "aws_secret_access_key": SECRET_2, "endpoint": f"note {SECRET}", "long_note": LONG}
+    config = {
+        "steps": 3,
+        "lr": 0.1,
+        "optim": {"momentum": 0.9, "nesterov": False},
+        "aws_secret_access_key": SECRET_2,
+        "endpoint": f"note {SECRET}",
+        "long_note": LONG,
+    }
     result = _fit(storage, "finished", config, logger)
     return logger, result, storage
 
@@ -117,8 +125,13 @@ def test_log_model_registers_the_unwrapped_model_and_it_loads_back(finished_run,
     logger, result, _ = finished_run
     ended = _client(mlflow_server).get_run(logger.run_id).info.end_time
     example = torch.randn(5, 4)
-    info = log_model(result.checkpoint, torch.nn.Linear(4, 1), input_example=example,
-                     registered_model_name="trainlib-linear", tracking_uri=mlflow_server.uri)
+    info = log_model(
+        result.checkpoint,
+        torch.nn.Linear(4, 1),
+        input_example=example,
+        registered_model_name="trainlib-linear",
+        tracking_uri=mlflow_server.uri,
+    )
     # Logged into the training's own MLflow run, found through the checkpoint's run folder.
     assert info.run_id == logger.run_id
     assert int(info.registered_model_version) == 1
@@ -151,8 +164,13 @@ def test_log_model_names_the_missing_state_dict_file(finished_run):
 
 def test_a_restart_after_a_worker_failure_continues_the_same_mlflow_run(ray_session, mlflow_server, storage_path):
     logger = MLflowLogger(tracking_uri=mlflow_server.uri, experiment_name="tracking-tests", log_checkpoints="uri")
-    result = _fit(storage_path, "restarted", {"steps": 3, "fail_once_at": 3}, logger,
-                  failure_config=trainlib.FailureConfig(max_failures=1))
+    result = _fit(
+        storage_path,
+        "restarted",
+        {"steps": 3, "fail_once_at": 3},
+        logger,
+        failure_config=trainlib.FailureConfig(max_failures=1),
+    )
     assert result.error is None
     client = _client(mlflow_server)
     runs = _runs_of(client, "tracking-tests", "restarted")
@@ -183,8 +201,9 @@ def test_a_failed_run_is_failed_and_its_resume_continues_the_same_run(ray_sessio
 
     # Resume the same trainlib run with a changed config: the same MLflow run continues, no param error.
     resumer = MLflowLogger(tracking_uri=mlflow_server.uri, experiment_name="tracking-tests")
-    result = TorchTrainer.restore(os.path.join(storage_path, "resumed"), train_loop_config={"steps": 4},
-                                  callbacks=[resumer]).fit()
+    result = TorchTrainer.restore(
+        os.path.join(storage_path, "resumed"), train_loop_config={"steps": 4}, callbacks=[resumer]
+    ).fit()
     assert result.error is None and resumer.run_id == first_id
     assert [r.info.run_id for r in _runs_of(client, "tracking-tests", "resumed")] == [first_id]
     run = client.get_run(first_id)
@@ -194,7 +213,8 @@ def test_a_failed_run_is_failed_and_its_resume_continues_the_same_run(ray_sessio
     # Report 2 came back from run storage, once; report 3 failed before it was committed.
     assert [s for s, _ in _steps(client, first_id, "loss")] == [1, 2, 3, 4]
     assert [a.path for a in client.list_artifacts(first_id, "checkpoints")] == [
-        f"checkpoints/checkpoint_00000{i}" for i in (1, 2, 3, 4)]
+        f"checkpoints/checkpoint_00000{i}" for i in (1, 2, 3, 4)
+    ]
 
 
 def test_an_unreachable_server_stops_the_run_before_any_worker_starts(ray_session, storage_path, tmp_path):

@@ -32,8 +32,7 @@ class StopServerAfter(trainlib.Callback):
             self.server.stop()
 
 
-def test_server_killed_mid_run_training_finishes_spools_warns_and_replays(ray_session, storage_path, tmp_path,
-                                                                         caplog):
+def test_server_killed_mid_run_training_finishes_spools_warns_and_replays(ray_session, storage_path, tmp_path, caplog):
     from mlflow import MlflowClient
 
     server = MlflowServer(str(tmp_path / "server")).start()
@@ -42,10 +41,12 @@ def test_server_killed_mid_run_training_finishes_spools_warns_and_replays(ray_se
         caplog.set_level(logging.INFO, logger="trainlib")
         started = time.monotonic()
         result = TorchTrainer(
-            train_linear, train_loop_config={"steps": 5},
+            train_linear,
+            train_loop_config={"steps": 5},
             scaling_config=trainlib.ScalingConfig(num_workers=2),
-            run_config=trainlib.RunConfig(name="outage", storage_path=storage_path,
-                                          callbacks=[StopServerAfter(server, 2), logger]),
+            run_config=trainlib.RunConfig(
+                name="outage", storage_path=storage_path, callbacks=[StopServerAfter(server, 2), logger]
+            ),
         ).fit()
         elapsed = time.monotonic() - started
         print(f"fit with the tracking server gone from step 2 took {elapsed:.1f} s")
@@ -54,14 +55,16 @@ def test_server_killed_mid_run_training_finishes_spools_warns_and_replays(ray_se
         assert result.error is None and result.metrics["step_seen"] == 5
         stored = trainlib.Result.from_path(result.path)
         assert sorted(os.path.basename(c.path) for c, _ in stored.best_checkpoints) == [
-            f"checkpoint_00000{i}" for i in range(1, 6)]
+            f"checkpoint_00000{i}" for i in range(1, 6)
+        ]
 
         # The spool holds exactly what MLflow missed: metrics of steps 2-5, checkpoints 2-5, the end status.
         with open(logger.spool_path) as f:
             records = [json.loads(line) for line in f]
         assert sorted(r["step"] for r in records if r["kind"] == "metrics") == [2, 3, 4, 5]
         assert [r["artifact_path"] for r in records if r["kind"] == "artifacts"] == [
-            f"checkpoints/checkpoint_00000{i}" for i in range(2, 6)]
+            f"checkpoints/checkpoint_00000{i}" for i in range(2, 6)
+        ]
         assert [r["status"] for r in records if r["kind"] == "status"] == ["FINISHED"]
         assert {r["run_id"] for r in records} == {logger.run_id}
 
@@ -86,13 +89,15 @@ def test_server_killed_mid_run_training_finishes_spools_warns_and_replays(ray_se
         assert [m.step for m in history] == [1, 2, 3, 4, 5]
         assert [m.value for m in history] == pytest.approx(list(result.metrics_dataframe["loss"]))
         assert [a.path for a in client.list_artifacts(logger.run_id, "checkpoints")] == [
-            f"checkpoints/checkpoint_00000{i}" for i in range(1, 6)]
+            f"checkpoints/checkpoint_00000{i}" for i in range(1, 6)
+        ]
     finally:
         server.stop()
 
 
 def test_the_embedded_default_store_is_sqlite_and_mlartifacts_in_the_working_directory(
-        ray_session, storage_path, tmp_path, monkeypatch):
+    ray_session, storage_path, tmp_path, monkeypatch
+):
     from mlflow import MlflowClient
 
     monkeypatch.chdir(tmp_path)
@@ -100,7 +105,8 @@ def test_the_embedded_default_store_is_sqlite_and_mlartifacts_in_the_working_dir
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     logger = MLflowLogger(log_checkpoints="last")
     result = TorchTrainer(
-        train_linear, train_loop_config={"steps": 3, "lr": 0.05},
+        train_linear,
+        train_loop_config={"steps": 3, "lr": 0.05},
         scaling_config=trainlib.ScalingConfig(num_workers=2),
         run_config=trainlib.RunConfig(name="embedded", storage_path=storage_path, callbacks=[logger]),
     ).fit()
@@ -114,8 +120,16 @@ def test_the_embedded_default_store_is_sqlite_and_mlartifacts_in_the_working_dir
     assert [m.step for m in client.get_metric_history(logger.run_id, "loss")] == [1, 2, 3]
     # "last": only the final checkpoint is copied, into <cwd>/mlartifacts.
     assert [a.path for a in client.list_artifacts(logger.run_id, "checkpoints")] == ["checkpoints/checkpoint_000003"]
-    assert os.path.isfile(tmp_path / "mlartifacts" / "trainlib" / logger.run_id / "artifacts" / "checkpoints"
-                          / "checkpoint_000003" / "model.pt")
+    assert os.path.isfile(
+        tmp_path
+        / "mlartifacts"
+        / "trainlib"
+        / logger.run_id
+        / "artifacts"
+        / "checkpoints"
+        / "checkpoint_000003"
+        / "model.pt"
+    )
     assert run.data.tags["trainlib.last_checkpoint"] == result.checkpoint.uri
 
 
@@ -126,24 +140,32 @@ def test_resuming_the_run_replays_its_spool_automatically(ray_session, storage_p
     try:
         logger = MLflowLogger(tracking_uri=server.uri, experiment_name="outage")
         TorchTrainer(
-            train_linear, train_loop_config={"steps": 3},
+            train_linear,
+            train_loop_config={"steps": 3},
             scaling_config=trainlib.ScalingConfig(num_workers=2),
-            run_config=trainlib.RunConfig(name="auto-replay", storage_path=storage_path,
-                                          callbacks=[StopServerAfter(server, 3), logger]),
+            run_config=trainlib.RunConfig(
+                name="auto-replay", storage_path=storage_path, callbacks=[StopServerAfter(server, 3), logger]
+            ),
         ).fit()
         assert os.path.exists(logger.spool_path)
         server = MlflowServer(server.root, port=server.port).start()
 
         resumer = MLflowLogger(tracking_uri=server.uri, experiment_name="outage")
-        result = TorchTrainer.restore(os.path.join(storage_path, "auto-replay"), train_loop_config={"steps": 4},
-                                      callbacks=[resumer]).fit()
+        result = TorchTrainer.restore(
+            os.path.join(storage_path, "auto-replay"), train_loop_config={"steps": 4}, callbacks=[resumer]
+        ).fit()
         assert result.error is None and resumer.run_id == logger.run_id
         assert not os.path.exists(logger.spool_path)  # sent before the resumed run logged anything
         client = MlflowClient(tracking_uri=server.uri)
         assert [m.step for m in sorted(client.get_metric_history(logger.run_id, "loss"), key=lambda m: m.step)] == [
-            1, 2, 3, 4]
+            1,
+            2,
+            3,
+            4,
+        ]
         assert client.get_run(logger.run_id).info.status == "FINISHED"
         assert [a.path for a in client.list_artifacts(logger.run_id, "checkpoints")] == [
-            f"checkpoints/checkpoint_00000{i}" for i in range(1, 5)]
+            f"checkpoints/checkpoint_00000{i}" for i in range(1, 5)
+        ]
     finally:
         server.stop()

@@ -11,26 +11,30 @@ from trainlib.torch import TorchTrainer
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(have_chromium() is None, reason="Chromium is not installed: apt-get install -y chromium "
-                                                       "(the UI test drives /usr/bin/chromium with Playwright)"),
+    pytest.mark.skipif(
+        have_chromium() is None,
+        reason="Chromium is not installed: apt-get install -y chromium "
+        "(the UI test drives /usr/bin/chromium with Playwright)",
+    ),
 ]
 
 UI_TIMEOUT_MS = 90_000
 
 
 def test_run_page_and_metric_chart_render(ray_session, mlflow_server, storage_path):
-    from playwright.sync_api import sync_playwright
-
     from mlflow import MlflowClient
+    from playwright.sync_api import sync_playwright
 
     logger = MLflowLogger(tracking_uri=mlflow_server.uri, experiment_name="ui", log_checkpoints="best")
     # "best" by the lowest step_seen is the first checkpoint, not the last: the choice is visible.
     best = trainlib.CheckpointConfig(checkpoint_score_attribute="step_seen", checkpoint_score_order="min")
     result = TorchTrainer(
-        train_linear, train_loop_config={"steps": 6, "lr": 0.05},
+        train_linear,
+        train_loop_config={"steps": 6, "lr": 0.05},
         scaling_config=trainlib.ScalingConfig(num_workers=2),
-        run_config=trainlib.RunConfig(name="ui-run", storage_path=storage_path, callbacks=[logger],
-                                      checkpoint_config=best),
+        run_config=trainlib.RunConfig(
+            name="ui-run", storage_path=storage_path, callbacks=[logger], checkpoint_config=best
+        ),
     ).fit()
     assert result.error is None
     client = MlflowClient(tracking_uri=mlflow_server.uri)
@@ -39,8 +43,11 @@ def test_run_page_and_metric_chart_render(ray_session, mlflow_server, storage_pa
     run_url = f"{mlflow_server.uri}/#/experiments/{logger.experiment_id}/runs/{logger.run_id}"
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=have_chromium(), headless=True,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        browser = p.chromium.launch(
+            executable_path=have_chromium(),
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.goto(run_url)

@@ -12,17 +12,38 @@ from trainlib._internal.util.masking import REDACTED, redact_text, redact_url
 
 def test_flatten_nested_config_into_dotted_keys():
     assert flatten({"a": {"b": {"c": 1}, "d": [1, 2]}, "e": "x", "f": {}}) == {
-        "a.b.c": 1, "a.d": [1, 2], "e": "x", "f": {}}
+        "a.b.c": 1,
+        "a.d": [1, 2],
+        "e": "x",
+        "f": {},
+    }
 
 
 def test_secret_keys_are_redacted_at_any_depth_and_other_values_kept():
     params = params_for_logging(
-        {"": {"lr": 0.1, "s3": {"aws_secret_access_key": "abc", "endpoint_url": "http://x"}, "api_token": "t",
-              "db_password": "p", "Credentials": {"x": 1}, "layers": [64, 32]},
-         "scaling_config": {"num_workers": 2}}, 250, 6000)
+        {
+            "": {
+                "lr": 0.1,
+                "s3": {"aws_secret_access_key": "abc", "endpoint_url": "http://x"},
+                "api_token": "t",
+                "db_password": "p",
+                "Credentials": {"x": 1},
+                "layers": [64, 32],
+            },
+            "scaling_config": {"num_workers": 2},
+        },
+        250,
+        6000,
+    )
     assert params == {
-        "lr": "0.1", "s3.aws_secret_access_key": REDACTED, "s3.endpoint_url": "http://x", "api_token": REDACTED,
-        "db_password": REDACTED, "Credentials.x": REDACTED, "layers": "[64, 32]", "scaling_config.num_workers": "2",
+        "lr": "0.1",
+        "s3.aws_secret_access_key": REDACTED,
+        "s3.endpoint_url": "http://x",
+        "api_token": REDACTED,
+        "db_password": REDACTED,
+        "Credentials.x": REDACTED,
+        "layers": "[64, 32]",
+        "scaling_config.num_workers": "2",
     }
 
 
@@ -50,7 +71,8 @@ def test_spool_appends_reads_rewrites_and_describes(tmp_path):
     spool.append({"kind": "status", "run_id": "r", "status": "FINISHED"})
     assert len(spool) == 6
     assert describe_records(spool.read()) == (
-        "metrics loss at steps 2-4, 7; artifacts checkpoints/checkpoint_000007; the final status FINISHED")
+        "metrics loss at steps 2-4, 7; artifacts checkpoints/checkpoint_000007; the final status FINISHED"
+    )
     spool.rewrite(spool.read()[4:])
     assert [r["kind"] for r in spool.read()] == ["artifacts", "status"]
     spool.rewrite([])

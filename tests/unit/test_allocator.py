@@ -22,10 +22,16 @@ applied = keep_step_allocations() if sys.argv[1] == "tuned" else False
 print(json.dumps({"applied": applied, "kept": step_allocations_kept(), "faults": refaulted_pages()}))
 """
 
+
 def _faults(mode: str, **env: str) -> dict:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=60,
-                         env={**environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, TESTS_DIR]), **env})
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, TESTS_DIR]), **env},
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 

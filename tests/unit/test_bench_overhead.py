@@ -66,9 +66,19 @@ def test_process_label_names_scripts_and_modules():
 
 
 def _run(variant, wall, steps_per_s, outside=5.0):
-    return {"variant": variant, "returncode": 0, "framework": variant, "wall_s": wall,
-            "time_to_first_step_s": 1.0, "steady_steps_per_s": steps_per_s, "outside_steps_s": outside,
-            "peak_rss_bytes": 1e9, "world_size": 2, "threads": {}, "phases_s": {"imports_done": 1.0}}
+    return {
+        "variant": variant,
+        "returncode": 0,
+        "framework": variant,
+        "wall_s": wall,
+        "time_to_first_step_s": 1.0,
+        "steady_steps_per_s": steps_per_s,
+        "outside_steps_s": outside,
+        "peak_rss_bytes": 1e9,
+        "world_size": 2,
+        "threads": {},
+        "phases_s": {"imports_done": 1.0},
+    }
 
 
 def test_medians_and_target_ratios():
@@ -102,8 +112,13 @@ def test_bad_options_name_the_option(capsys):
 
 def test_the_defaults_parse_to_the_targets_variants():
     """`make bench` runs the script with no options: trainlib_base needs --baseline, so it is not a default."""
-    assert bench.parse_args(["--data", DATA]).variants == ["trainlib", "trainlib_launch", "raytrain", "torchrun",
-                                                           "plain"]
+    assert bench.parse_args(["--data", DATA]).variants == [
+        "trainlib",
+        "trainlib_launch",
+        "raytrain",
+        "torchrun",
+        "plain",
+    ]
     with_base = bench.parse_args(["--data", DATA, "--baseline", REPO])
     assert with_base.variants == ["trainlib", "trainlib_launch", "raytrain", "torchrun", "plain", "trainlib_base"]
     # The launcher's variant runs the very job script of the trainlib variant, through `python -m trainlib`.

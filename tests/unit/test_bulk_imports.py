@@ -51,7 +51,7 @@ def test_cycles_made_during_the_block_wait_for_its_end():
     with collector_paused():
         ref = _cycle_with_ref()
         for _ in range(20_000):  # far past the 700 allocations that would trigger a pass
-            [[]]
+            [[]]  # noqa: B018 - allocations that count towards a gc pass
         assert ref() is not None
     assert ref() is None
 

@@ -40,8 +40,10 @@ def test_ray_address_comes_from_the_environment_inside_a_ray_job(no_ray_env, mon
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
     assert cluster_address(None) == "10.0.0.5:6379" and cluster_address("other:6379") == "other:6379"
     # A submitted job: its working_dir already carries the code, its env vars must not be given twice.
-    monkeypatch.setenv(task_runner.RAY_JOB_CONFIG_ENV_VAR, json.dumps(
-        {"runtime_env": {"working_dir": "gcs://_ray_pkg_x.zip", "env_vars": {"PREFECT_API_URL": API}}}))
+    monkeypatch.setenv(
+        task_runner.RAY_JOB_CONFIG_ENV_VAR,
+        json.dumps({"runtime_env": {"working_dir": "gcs://_ray_pkg_x.zip", "env_vars": {"PREFECT_API_URL": API}}}),
+    )
     runner = make_task_runner(None, API)
     assert runner.address == "10.0.0.5:6379"
     env = runner.init_kwargs["runtime_env"]
@@ -162,8 +164,9 @@ def test_local_runner_starts_a_lean_ray_whose_workers_have_the_env_and_torch(no_
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "PREFECT_"))}
     env["PYTHONPATH"] = REPO_ROOT
-    out = subprocess.run([sys.executable, "-c", LOCAL_RUNNER_SCRIPT], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=280)
+    out = subprocess.run(
+        [sys.executable, "-c", LOCAL_RUNNER_SCRIPT], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     state = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("STATE "))[6:])
     # Neither the dashboard head, the autoscaler monitor nor the log monitor was started (the flow-run
@@ -181,8 +184,13 @@ def test_local_runner_starts_a_lean_ray_whose_workers_have_the_env_and_torch(no_
     assert state["env_here"] is None
     # The duplicate Prefect enters for the steps' subflow ran its tasks on that Ray, whose workers have the
     # environment (no runtime_env needed), and left it up; the runner that started Ray stopped it.
-    assert state["adopted"] == {"workers_have_env": True, "owns_ray": False, "same_ray": True,
-                                "task": ["http://127.0.0.1:9/api", True, True, True], "up_after": True}
+    assert state["adopted"] == {
+        "workers_have_env": True,
+        "owns_ray": False,
+        "same_ray": True,
+        "task": ["http://127.0.0.1:9/api", True, True, True],
+        "up_after": True,
+    }
     assert state["down_after"] is True
     assert state["fresh"] == [True, True]
     # No task events in the lean Ray (LEAN_SYSTEM_CONFIG): nothing reads them without a dashboard, and the driver's
@@ -204,8 +212,12 @@ def test_a_cluster_runner_prints_the_workers_lines_whole(no_ray_env, monkeypatch
 
     original = ray_worker.print_worker_logs
     original = getattr(original, "__wrapped__", original)  # an earlier test of this process may have wrapped it
-    for make in (lambda: make_task_runner("ray://head:10001", API),
-                 lambda: _task_runner(ScoreParams(input_url="in.npy", output_url="out.csv", ray_address="ray://head:10001"), API)):
+    for make in (
+        lambda: make_task_runner("ray://head:10001", API),
+        lambda: _task_runner(
+            ScoreParams(input_url="in.npy", output_url="out.csv", ray_address="ray://head:10001"), API
+        ),
+    ):
         monkeypatch.setattr(ray_worker, "print_worker_logs", original)
         runner = make()
         assert runner.address == "ray://head:10001"

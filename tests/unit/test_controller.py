@@ -25,8 +25,9 @@ from trainlib.errors import StorageError, TrainingFailedError
 
 
 def report(rank, step, metrics=None, manifest=None):
-    return ReportMessage(rank=rank, step=step, metrics=metrics or {"step": step}, manifest=manifest,
-                         reported_at=time.time())
+    return ReportMessage(
+        rank=rank, step=step, metrics=metrics or {"step": step}, manifest=manifest, reported_at=time.time()
+    )
 
 
 def done(rank):
@@ -55,12 +56,14 @@ class FakeGroup:
         pass
 
     def placements(self):
-        return [Placement(node_id=n, node_ip=f"10.0.0.{i}", hostname=n, pid=100 + i)
-                for i, n in enumerate(self.nodes)]
+        return [Placement(node_id=n, node_ip=f"10.0.0.{i}", hostname=n, pid=100 + i) for i, n in enumerate(self.nodes)]
 
     def start(self, attempt):
-        self.started_with = {"checkpoint": attempt.checkpoint, "first_step": attempt.first_step,
-                             "attempt": attempt.attempt}
+        self.started_with = {
+            "checkpoint": attempt.checkpoint,
+            "first_step": attempt.first_step,
+            "attempt": attempt.attempt,
+        }
         return None
 
     def wait(self, timeout=None):
@@ -117,8 +120,13 @@ def make_controller(storage, attempts, *, max_failures=0, checkpoint_config=None
         made.append(group)
         return group
 
-    controller = controller_on(storage, make_group, checkpoint_config=checkpoint_config,
-                               failure_config=FailureConfig(max_failures), callbacks=callbacks)
+    controller = controller_on(
+        storage,
+        make_group,
+        checkpoint_config=checkpoint_config,
+        failure_config=FailureConfig(max_failures),
+        callbacks=callbacks,
+    )
     return controller, made
 
 
@@ -143,8 +151,7 @@ def test_failure_policy_counts():
 
 def test_reports_from_all_ranks_commit_one_checkpoint(storage):
     files = {**ckpt_files(1), **ckpt_files(2)}
-    group = FakeGroup([*reports_with_ckpt(1), reports_with_ckpt(2), done(0), done(1)], 2, storage=storage,
-                      files=files)
+    group = FakeGroup([*reports_with_ckpt(1), reports_with_ckpt(2), done(0), done(1)], 2, storage=storage, files=files)
     recorder = Recorder()
     controller, _ = make_controller(storage, [group], callbacks=[recorder])
     controller.run()
@@ -165,8 +172,9 @@ def test_report_missing_from_one_rank_is_not_committed(storage):
     # Rank 0 reports step 2 with its checkpoint files, rank 1 fails before reporting step 2.
     files = {**ckpt_files(1), **ckpt_files(2)}
     m = manifests(2)
-    group = FakeGroup([reports_with_ckpt(1), report(0, 2, {"loss": 0.5}, m[0]), error(1)], 2,
-                      storage=storage, files=files)
+    group = FakeGroup(
+        [reports_with_ckpt(1), report(0, 2, {"loss": 0.5}, m[0]), error(1)], 2, storage=storage, files=files
+    )
     recorder = Recorder()
     controller, _ = make_controller(storage, [group], callbacks=[recorder])
     with pytest.raises(TrainingFailedError):
@@ -194,9 +202,15 @@ def test_mismatched_report_counts_fail_with_a_clear_error(storage):
 
 
 def test_max_failures_zero_fails_with_rank_cause_and_traceback(storage):
-    group = FakeGroup([reports_with_ckpt(1), error(1, "RuntimeError: data loader broke",
-                                                   "Traceback ...\nRuntimeError: data loader broke\n")],
-                      2, storage=storage, files=ckpt_files(1))
+    group = FakeGroup(
+        [
+            reports_with_ckpt(1),
+            error(1, "RuntimeError: data loader broke", "Traceback ...\nRuntimeError: data loader broke\n"),
+        ],
+        2,
+        storage=storage,
+        files=ckpt_files(1),
+    )
     recorder = Recorder()
     controller, made = make_controller(storage, [group], max_failures=0, callbacks=[recorder])
     with pytest.raises(TrainingFailedError) as info:
@@ -212,8 +226,9 @@ def test_max_failures_zero_fails_with_rank_cause_and_traceback(storage):
 
 def test_restart_resumes_from_latest_checkpoint_up_to_max_failures(storage):
     files = {**ckpt_files(1), **ckpt_files(2), **ckpt_files(3)}
-    first = FakeGroup([reports_with_ckpt(1), reports_with_ckpt(2), error(0, "OSError: disk")], 2,
-                      storage=storage, files=files)
+    first = FakeGroup(
+        [reports_with_ckpt(1), reports_with_ckpt(2), error(0, "OSError: disk")], 2, storage=storage, files=files
+    )
     second = FakeGroup([reports_with_ckpt(3), [done(0), done(1)]], 2, storage=storage, files=files)
     recorder = Recorder()
     controller, made = make_controller(storage, [first, second], max_failures=1, callbacks=[recorder])
@@ -259,11 +274,16 @@ def test_local_storage_on_several_nodes_fails_before_training(storage):
 
 def test_retention_runs_on_commit_and_notifies(storage):
     files = {**ckpt_files(1), **ckpt_files(2), **ckpt_files(3)}
-    group = FakeGroup([reports_with_ckpt(1), reports_with_ckpt(2), reports_with_ckpt(3), [done(0), done(1)]],
-                      2, storage=storage, files=files)
+    group = FakeGroup(
+        [reports_with_ckpt(1), reports_with_ckpt(2), reports_with_ckpt(3), [done(0), done(1)]],
+        2,
+        storage=storage,
+        files=files,
+    )
     recorder = Recorder()
-    controller, _ = make_controller(storage, [group], callbacks=[recorder],
-                                    checkpoint_config=CheckpointConfig(num_to_keep=1))
+    controller, _ = make_controller(
+        storage, [group], callbacks=[recorder], checkpoint_config=CheckpointConfig(num_to_keep=1)
+    )
     controller.run()
     assert [c.step for c in storage.committed_checkpoints()] == [3]
     assert not os.path.exists(storage.checkpoint_path(1))
@@ -274,15 +294,23 @@ def test_retention_runs_on_commit_and_notifies(storage):
 
 def test_a_resumed_run_continues_the_attempt_numbering(storage):
     """Rows of an earlier driver run (attempts 0-1) and of the resumed one never share an attempt."""
-    rows = [{"step": 1, "attempt": 0, "time": 0, "checkpoint": None, "metrics": {}},
-            {"step": 1, "attempt": 1, "time": 0, "checkpoint": None, "metrics": {}}]
+    rows = [
+        {"step": 1, "attempt": 0, "time": 0, "checkpoint": None, "metrics": {}},
+        {"step": 1, "attempt": 1, "time": 0, "checkpoint": None, "metrics": {}},
+    ]
     group = FakeGroup([[report(0, 2), report(1, 2)], [done(0), done(1)]], 2, storage=storage)
     controller, _ = make_controller(storage, [group])
     controller.metrics_rows = list(rows)
     controller.attempt = Controller(
-        storage=storage, make_worker_group=None,
-        checkpoint_config=CheckpointConfig(), failure_config=FailureConfig(), callbacks=[],
-        run_info=controller.run_info, metrics_rows=rows, verbose=False).attempt
+        storage=storage,
+        make_worker_group=None,
+        checkpoint_config=CheckpointConfig(),
+        failure_config=FailureConfig(),
+        callbacks=[],
+        run_info=controller.run_info,
+        metrics_rows=rows,
+        verbose=False,
+    ).attempt
     controller.run()
     assert group.started_with["attempt"] == 2
     assert controller.metrics_rows[-1]["attempt"] == 2
@@ -302,8 +330,13 @@ def test_a_peer_death_is_the_root_cause_not_the_collective_that_lost_it(storage)
 def test_reports_flushed_after_a_failure_still_commit(storage):
     """Rank 1 reported step 1 but its message was still queued when rank 0 failed."""
     m = manifests(1)
-    group = FakeGroup([report(0, 1, {"loss": 1.0}, m[0]), error(0)], 2, storage=storage, files=ckpt_files(1),
-                      flushed=[report(1, 1, {"loss": 9.0}, m[1])])
+    group = FakeGroup(
+        [report(0, 1, {"loss": 1.0}, m[0]), error(0)],
+        2,
+        storage=storage,
+        files=ckpt_files(1),
+        flushed=[report(1, 1, {"loss": 9.0}, m[1])],
+    )
     controller, _ = make_controller(storage, [group])
     with pytest.raises(TrainingFailedError) as info:
         controller.run()
@@ -317,8 +350,7 @@ def test_local_storage_declared_shared_runs_on_several_nodes(tmp_path):
     assert declares_shared("file:///mnt/nfs/runs") and not declares_shared("/mnt/nfs/runs")
     assert not declares_shared(None)
     shared = RunStorage(fsspec.filesystem("file"), str(tmp_path / "runs"), "run", shared=True)
-    group = FakeGroup([[report(0, 1), report(1, 1)], [done(0), done(1)]], 2, nodes=["node-a", "node-b"],
-                      storage=shared)
+    group = FakeGroup([[report(0, 1), report(1, 1)], [done(0), done(1)]], 2, nodes=["node-a", "node-b"], storage=shared)
     controller, _ = make_controller(shared, [group])
     controller.run()
     assert controller.state is RunStatus.FINISHED and controller.num_nodes == 2

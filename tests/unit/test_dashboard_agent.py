@@ -15,8 +15,12 @@ from trainlib._internal.execution import dashboard_agent
 
 
 def test_the_raylet_is_given_the_stand_in_for_the_dashboard_agent_only():
-    command = ["raylet", "--dashboard_agent_command=/usr/bin/python -u /ray/dashboard/agent.py --head",
-               "--runtime_env_agent_command=/usr/bin/python -u /ray/runtime_env/agent/main.py", "--x=1"]
+    command = [
+        "raylet",
+        "--dashboard_agent_command=/usr/bin/python -u /ray/dashboard/agent.py --head",
+        "--runtime_env_agent_command=/usr/bin/python -u /ray/runtime_env/agent/main.py",
+        "--x=1",
+    ]
     edited = dashboard_agent.with_stand_in(command)
     assert edited[0] == "raylet" and edited[2:] == command[2:]
     flag, value = edited[1].split("=", 1)
@@ -31,6 +35,7 @@ def wait_for_signal_handlers(pid: int, timeout: float = 30.0) -> None:
     A sleep is not enough: on a loaded machine the interpreter's start can take seconds, and a
     signal sent before then takes the default action (CI saw exit -15 after a 0.5 s sleep).
     """
+
     def mask(name: str) -> int:
         with open(f"/proc/{pid}/status") as status:
             line = next(line for line in status if line.startswith(name + ":"))
@@ -54,8 +59,9 @@ time.sleep(600)
 
 
 def test_the_stand_in_lives_as_long_as_its_raylet_and_ignores_ctrl_c():
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, *dashboard_agent.stand_in_command()],
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, *dashboard_agent.stand_in_command()], stdout=subprocess.PIPE, text=True
+    )
     try:
         stand_in = psutil.Process(int(parent.stdout.readline()))
         wait_for_signal_handlers(stand_in.pid)

@@ -13,8 +13,8 @@ import threading
 
 import pytest
 import torch
-
 from conftest import free_port
+
 from tasks.domain.dataset_fetch import MIRRORS_ENV_VAR, DatasetDownloadError, fetch_dataset
 from tasks.domain.dataset_registry import DATASETS, get_dataset_spec
 from tasks.domain.generated_dataset import write_idx_dataset
@@ -58,7 +58,7 @@ class _Server:
                     if server.requests.count(self.path) == 1:
                         self.send_error(503)
                         return
-                    self.path = "/good/" + self.path[len("/flaky/"):]
+                    self.path = "/good/" + self.path[len("/flaky/") :]
                 super().do_GET()
 
             def log_message(self, *args):
@@ -177,8 +177,7 @@ def test_corrupt_cached_file_is_downloaded_again(tmp_path, generated):
 def test_http_first_mirror_refused_second_works(tmp_path, http_mirrors):
     server, md5s = http_mirrors
     dead = refused_url()
-    files = fetch_dataset("fashion-mnist", tmp_path / "cache", [dead, server.url + "/good/"],
-                          md5s=md5s, **FAST)
+    files = fetch_dataset("fashion-mnist", tmp_path / "cache", [dead, server.url + "/good/"], md5s=md5s, **FAST)
     assert files.downloaded == tuple(FILES)
     assert all(url.startswith(server.url + "/good/") for url in files.sources.values())
     assert sorted(server.requests) == sorted(f"/good/{f}" for f in FILES)
@@ -186,8 +185,9 @@ def test_http_first_mirror_refused_second_works(tmp_path, http_mirrors):
 
 def test_http_corrupt_mirror_falls_back(tmp_path, http_mirrors):
     server, md5s = http_mirrors
-    files = fetch_dataset("fashion-mnist", tmp_path / "cache",
-                          [server.url + "/corrupt", server.url + "/good"], md5s=md5s, **FAST)
+    files = fetch_dataset(
+        "fashion-mnist", tmp_path / "cache", [server.url + "/corrupt", server.url + "/good"], md5s=md5s, **FAST
+    )
     assert files.sources[FILES[0]] == f"{server.url}/good/{FILES[0]}"
     assert files.sources[FILES[1]] == f"{server.url}/corrupt/{FILES[1]}"
     assert _md5(files.paths[FILES[0]]) == md5s[FILES[0]]
@@ -195,8 +195,9 @@ def test_http_corrupt_mirror_falls_back(tmp_path, http_mirrors):
 
 def test_http_missing_file_falls_back(tmp_path, http_mirrors):
     server, md5s = http_mirrors
-    files = fetch_dataset("fashion-mnist", tmp_path / "cache",
-                          [server.url + "/empty/", server.url + "/good/"], md5s=md5s, **FAST)
+    files = fetch_dataset(
+        "fashion-mnist", tmp_path / "cache", [server.url + "/empty/", server.url + "/good/"], md5s=md5s, **FAST
+    )
     assert files.downloaded == tuple(FILES)
     # A 404 is not retried: one request per file on /empty/.
     assert sum(r.startswith("/empty/") for r in server.requests) == len(FILES)
@@ -213,8 +214,14 @@ def test_http_server_errors_are_retried(tmp_path, http_mirrors):
 def test_http_server_busy_everywhere_is_a_transient_failure(tmp_path, http_mirrors):
     server, md5s = http_mirrors
     with pytest.raises(DatasetDownloadError) as info:
-        fetch_dataset("fashion-mnist", tmp_path / "cache", [server.url + "/busy/", server.url + "/empty/"],
-                      md5s=md5s, attempts_per_mirror=2, **FAST)
+        fetch_dataset(
+            "fashion-mnist",
+            tmp_path / "cache",
+            [server.url + "/busy/", server.url + "/empty/"],
+            md5s=md5s,
+            attempts_per_mirror=2,
+            **FAST,
+        )
     assert info.value.attempts == (
         (f"{server.url}/busy/{FILES[0]}", "HTTP 503 Service Unavailable (after 2 attempt(s))"),
         (f"{server.url}/empty/{FILES[0]}", "HTTP 404 File not found"),
@@ -285,8 +292,7 @@ def test_credentials_in_urls_are_masked(tmp_path, generated):
 def test_error_is_picklable(tmp_path, generated):
     _, md5s = generated
     with pytest.raises(DatasetDownloadError) as info:
-        fetch_dataset("fashion-mnist", tmp_path / "cache", [refused_url()], md5s=md5s,
-                      attempts_per_mirror=1, **FAST)
+        fetch_dataset("fashion-mnist", tmp_path / "cache", [refused_url()], md5s=md5s, attempts_per_mirror=1, **FAST)
     copy = pickle.loads(pickle.dumps(info.value))
     assert str(copy) == str(info.value) and copy.attempts == info.value.attempts
     assert isinstance(copy, RuntimeError)
@@ -346,8 +352,7 @@ def test_stage_to_s3_and_fetch_back(tmp_path, generated, s3_server, caplog):
     assert "uploaded none" in caplog.text
 
     # A worker node fetches the staged copy through fsspec, md5-verified.
-    worker = fetch_dataset("fashion-mnist", tmp_path / "node", [url], md5s=files.md5s,
-                           storage_options=options, **FAST)
+    worker = fetch_dataset("fashion-mnist", tmp_path / "node", [url], md5s=files.md5s, storage_options=options, **FAST)
     assert worker.downloaded == tuple(FILES)
     assert worker.sources[FILES[0]] == f"{url}/{FILES[0]}"
 
@@ -355,8 +360,12 @@ def test_stage_to_s3_and_fetch_back(tmp_path, generated, s3_server, caplog):
 def test_stage_error_names_file_and_hides_secrets(tmp_path, generated, s3_server):
     folder, md5s = generated
     files = fetch_dataset("fashion-mnist", tmp_path / "cache", [folder], md5s=md5s)
-    options = {"client_kwargs": {"endpoint_url": s3_server}, "skip_instance_cache": True,
-               "key": "AKIAFAKEFAKEFAKE", "secret": "very-secret-value-42"}
+    options = {
+        "client_kwargs": {"endpoint_url": s3_server},
+        "skip_instance_cache": True,
+        "key": "AKIAFAKEFAKEFAKE",
+        "secret": "very-secret-value-42",
+    }
     with pytest.raises(DatasetDownloadError) as info:
         stage_dataset(files, "s3://no-such-bucket/datasets", options)
     text = str(info.value)

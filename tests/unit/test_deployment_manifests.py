@@ -104,10 +104,14 @@ def test_parameters_are_valid_and_reach_from_another_host(files):
     meta = files["raycluster"]["metadata"]
     assert params.ray_address == f"{meta['name']}-head-svc.{meta['namespace']}.svc.cluster.local:6379"
     # What the pipeline's guard checks before any work on a cluster with nodes on other hosts.
-    check_reachable(["10.42.0.7", "10.42.1.3"], local={"127.0.0.1"},
-                    prefect_api_url="http://prefect-server.trainlib.svc.cluster.local:4200/api",
-                    mlflow_tracking_uri=params.mlflow_tracking_uri, storage_path=params.storage_path,
-                    mirrors=params.mirrors or ())
+    check_reachable(
+        ["10.42.0.7", "10.42.1.3"],
+        local={"127.0.0.1"},
+        prefect_api_url="http://prefect-server.trainlib.svc.cluster.local:4200/api",
+        mlflow_tracking_uri=params.mlflow_tracking_uri,
+        storage_path=params.storage_path,
+        mirrors=params.mirrors or (),
+    )
 
 
 def test_namespace_token_auth_and_secrets_agree(files):

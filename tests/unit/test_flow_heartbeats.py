@@ -41,6 +41,7 @@ def test_the_run_ends_at_once_and_the_thread_stops_after_it_without_another_hear
     from prefect import flow_engine
 
     import flows.pipeline  # noqa: F401
+
     engine = _Engine()
     before = set(threading.enumerate())
     with flow_engine._send_heartbeats(engine):
@@ -56,6 +57,7 @@ def test_an_error_in_the_run_passes_through_and_stops_the_thread():
     from prefect import flow_engine
 
     import flows.pipeline  # noqa: F401
+
     before = set(threading.enumerate())
     with pytest.raises(ValueError, match="in the flow"):
         with flow_engine._send_heartbeats(_Engine()):

@@ -32,8 +32,10 @@ def made_up_package(tmp_path, monkeypatch):
 
 def _hook_for(module: str, seen: list) -> None:
     """Registers, for ``module``, a registration that records each context with what it saw of the module."""
+
     def register(context):
         seen.append((context, getattr(sys.modules["madeup"], "fields", None) is sys.modules.get(module)))
+
     sys.meta_path.insert(0, lazy_serializers._AfterImport({module: register}))
 
 
@@ -88,9 +90,14 @@ def test_a_context_created_after_a_library_is_imported_gets_its_serializer_at_on
     monkeypatch.setattr(lazy_serializers, "_waiting", {})
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     registered = []
-    monkeypatch.setattr(lazy_serializers, "_registrations",
-                        lambda: {"json": lambda context: registered.append(("json", context)),
-                                 "madeup_never_installed": lambda context: registered.append(("never", context))})
+    monkeypatch.setattr(
+        lazy_serializers,
+        "_registrations",
+        lambda: {
+            "json": lambda context: registered.append(("json", context)),
+            "madeup_never_installed": lambda context: registered.append(("never", context)),
+        },
+    )
     assert lazy_serializers.defer_serialization_addons() is True
     serialization_addons.apply("context")
     assert registered == [("json", "context")]  # json is imported: registered at once

@@ -17,19 +17,27 @@ def test_the_dashboard_dependency_check_agrees_with_rays_without_importing_them(
     from ray._private.utils import get_dashboard_dependency_error
 
     # In a fresh process: nothing imported it before, so what is imported after the check, the check did.
-    probe = ("import sys; from trainlib._internal.execution.embedded_ray import dashboard_dependency_error as c; "
-             "print(c(), sorted(m for m in ('aiohttp', 'opentelemetry', 'grpc', 'prometheus_client', 'pydantic') "
-             "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    probe = (
+        "import sys; from trainlib._internal.execution.embedded_ray import dashboard_dependency_error as c; "
+        "print(c(), sorted(m for m in ('aiohttp', 'opentelemetry', 'grpc', 'prometheus_client', 'pydantic') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT},
+    )
     assert out.stdout.split() == ["None", "[]"], out.stdout + out.stderr
     assert get_dashboard_dependency_error() is None  # Ray's own check (it imports them) says the same
 
 
 def test_a_missing_dashboard_dependency_is_named(monkeypatch):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "prometheus_client" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "prometheus_client" else real_find_spec(name, *a)
+    )
     error = embedded_ray.dashboard_dependency_error()
     assert isinstance(error, ImportError) and error.name == "prometheus_client"
 
@@ -37,8 +45,11 @@ def test_a_missing_dashboard_dependency_is_named(monkeypatch):
 def test_a_missing_submodule_of_a_namespace_package_is_named(monkeypatch):
     # opentelemetry is a namespace package: its exporter is a distribution of its own, which may be missing.
     real_find_spec = importlib.machinery.PathFinder.find_spec
-    monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec",
-                        lambda name, path=None, *a: None if name == "prometheus" else real_find_spec(name, path, *a))
+    monkeypatch.setattr(
+        importlib.machinery.PathFinder,
+        "find_spec",
+        lambda name, path=None, *a: None if name == "prometheus" else real_find_spec(name, path, *a),
+    )
     error = embedded_ray.dashboard_dependency_error()
     assert isinstance(error, ImportError) and error.name == "opentelemetry.exporter.prometheus"
 
@@ -100,8 +111,11 @@ def test_the_raylet_alone_gets_the_agents_http_port_flag_and_rays_steps_come_bac
     agent_ports._start_with_flags(start, flags, ["raylet", "--x=1"], "raylet")
     agent_ports._start_with_flags(start, flags, ["gcs_server"], "gcs_server")
     agent_ports._start_with_flags(start, flags, ["raylet", "--dashboard_agent_listen_port=7"], "raylet")
-    assert seen == [("raylet", ["raylet", "--x=1", "--dashboard_agent_listen_port=5"]), ("gcs_server", ["gcs_server"]),
-                    ("raylet", ["raylet", "--dashboard_agent_listen_port=7"])]  # Ray's own value wins
+    assert seen == [
+        ("raylet", ["raylet", "--x=1", "--dashboard_agent_listen_port=5"]),
+        ("gcs_server", ["gcs_server"]),
+        ("raylet", ["raylet", "--dashboard_agent_listen_port=7"]),
+    ]  # Ray's own value wins
     original = (Node.start_raylet, services.start_ray_process)
     with agent_ports.agent_ports_given_to_raylet() as reserved:
         assert Node.start_raylet is not original[0]
@@ -127,10 +141,11 @@ def test_every_agent_port_is_reserved_for_the_stand_in_writes_none(monkeypatch):
     # With the dashboard's dependencies or without ("minimal" Ray, whose agent would write -1 for its ports):
     # the stand-in writes no port file, so the raylet must be given them all, or it would wait for them.
     for dependency_error in (None, ImportError("aiohttp")):
-        monkeypatch.setattr(ray_utils, "get_dashboard_dependency_error", lambda: dependency_error)
+        monkeypatch.setattr(ray_utils, "get_dashboard_dependency_error", lambda error=dependency_error: error)
         # Ray's defaults: every port 0 (the agent picks) but the HTTP one, which has a fixed default.
-        params = types.SimpleNamespace(runtime_env_agent_port=0, metrics_agent_port=0, metrics_export_port=None,
-                                       dashboard_agent_listen_port=52365)
+        params = types.SimpleNamespace(
+            runtime_env_agent_port=0, metrics_agent_port=0, metrics_export_port=None, dashboard_agent_listen_port=52365
+        )
         with agent_ports.agent_ports_given_to_raylet() as reserved:
             Node.start_raylet(types.SimpleNamespace(_ray_params=params))
         assert set(reserved.ports) == {"runtime_env_agent_port", "metrics_export_port"}

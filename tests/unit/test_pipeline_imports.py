@@ -26,7 +26,8 @@ def test_the_flow_module_a_logger_and_the_source_tags_do_not_import_mlflow_and_a
         "from trainlib.mlflow import MLflowLogger, TrackingError, default_tracking_uri, using_tracking_uri\n"
         "MLflowLogger(experiment_name='e', log_checkpoints='best')\n"
         "tags = source_tags('flows.pipeline:training-pipeline')\n"
-        "assert tags['mlflow.source.name'] == 'flows.pipeline:training-pipeline', tags")
+        "assert tags['mlflow.source.name'] == 'flows.pipeline:training-pipeline', tags"
+    )
     assert {"prefect", "torch", "trainlib", "tasks"} <= modules
     assert "mlflow" not in modules
 
@@ -55,8 +56,13 @@ print(before, result.metrics["mlflow_imported"], run.data.metrics["loss"], run.i
 
 
 def test_a_logger_imports_mlflow_as_its_run_starts_and_logs_the_run(tmp_path):
-    done = subprocess.run([sys.executable, "-c", _FIT_WITH_A_LOGGER, str(tmp_path)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, "-c", _FIT_WITH_A_LOGGER, str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     # Not imported when the logger was built; imported by the time the training function ran (before_run comes
     # first); the run was logged and ended as before.
@@ -69,5 +75,8 @@ def test_the_source_tags_are_mlflows_reserved_names():
     from tasks.domain import lineage
 
     assert (lineage.SOURCE_NAME_TAG, lineage.SOURCE_TYPE_TAG, lineage.USER_TAG, lineage.GIT_COMMIT_TAG) == (
-        mlflow_tags.MLFLOW_SOURCE_NAME, mlflow_tags.MLFLOW_SOURCE_TYPE, mlflow_tags.MLFLOW_USER,
-        mlflow_tags.MLFLOW_GIT_COMMIT)
+        mlflow_tags.MLFLOW_SOURCE_NAME,
+        mlflow_tags.MLFLOW_SOURCE_TYPE,
+        mlflow_tags.MLFLOW_USER,
+        mlflow_tags.MLFLOW_GIT_COMMIT,
+    )

@@ -12,7 +12,6 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import free_port
 
 CHILD = textwrap.dedent("""
@@ -55,8 +54,15 @@ CHILD = textwrap.dedent("""
 
 def _form(fail_on: dict[str, str], attempts: int = 3, port_retries: int = 2) -> list[tuple[int, str]]:
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(rank), str(port), json.dumps(fail_on), str(attempts)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(rank), str(port), json.dumps(fail_on), str(attempts)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     outs = []
     for p in procs:
         out, _ = p.communicate(timeout=120)
@@ -67,10 +73,14 @@ def _form(fail_on: dict[str, str], attempts: int = 3, port_retries: int = 2) -> 
     return outs
 
 
-@pytest.mark.parametrize("fail_on", [
-    {"0:1": "before", "1:1": "before"},  # both ranks fail their first connect
-    {"0:1": "after"},                     # rank 1 joined, rank 0 failed: rank 1 leaves and both retry
-], ids=["both-fail", "one-fails"])
+@pytest.mark.parametrize(
+    "fail_on",
+    [
+        {"0:1": "before", "1:1": "before"},  # both ranks fail their first connect
+        {"0:1": "after"},  # rank 1 joined, rank 0 failed: rank 1 leaves and both retry
+    ],
+    ids=["both-fail", "one-fails"],
+)
 def test_a_transient_connect_failure_is_retried_by_all_ranks(fail_on):
     outs = _form(fail_on)
     for code, out in outs:
@@ -137,14 +147,23 @@ EARLY_RANK1 = textwrap.dedent("""
 def test_rank_zero_opens_its_store_before_any_rank_starts_so_early_ranks_connect_at_once():
     # torch's store client backs off while nothing listens (0.93 s lost by a rank 0.5 s early): the
     # store is up from open_rendezvous on, and rank 0 forms the group on that same store.
-    rank0 = subprocess.Popen([sys.executable, "-c", EARLY_RANK0], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    rank0 = subprocess.Popen(
+        [sys.executable, "-c", EARLY_RANK0],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     rank1 = None
     try:
         first = rank0.stdout.readline()
         assert first.startswith("PORT "), first + rank0.stdout.read()
-        rank1 = subprocess.Popen([sys.executable, "-c", EARLY_RANK1, first.split()[1]], stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
+        rank1 = subprocess.Popen(
+            [sys.executable, "-c", EARLY_RANK1, first.split()[1]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         connected = rank1.stdout.readline()
         assert connected.strip() == "CONNECTED", connected + rank1.stdout.read()
         out0, _ = rank0.communicate("go\n", timeout=120)

@@ -7,8 +7,11 @@ import pytest
 from tasks.domain.reachability import UnreachableFromClusterError, check_reachable, local_addresses, remote_nodes
 
 LOCAL = {"127.0.0.1", "::1", "192.168.7.10"}  # this machine, as the check sees it
-GOOD = {"prefect_api_url": "http://192.168.7.10:4200/api", "mlflow_tracking_uri": "http://mlflow.internal:5000",
-        "storage_path": "s3://team-bucket/runs"}
+GOOD = {
+    "prefect_api_url": "http://192.168.7.10:4200/api",
+    "mlflow_tracking_uri": "http://mlflow.internal:5000",
+    "storage_path": "s3://team-bucket/runs",
+}
 
 
 def refusal(node_ips, **settings) -> str:
@@ -19,8 +22,13 @@ def refusal(node_ips, **settings) -> str:
 
 def test_loopback_nodes_of_this_machine_are_not_refused():
     # 127.0.0.2 / 127.0.0.3 nodes (the test cluster) and this machine's own IP can reach 127.0.0.1.
-    check_reachable(["127.0.0.2", "127.0.0.3", "192.168.7.10"], local=LOCAL, prefect_api_url="http://127.0.0.1:4200/api",
-                    mlflow_tracking_uri="sqlite:////tmp/mlflow.db", storage_path="/tmp/runs")
+    check_reachable(
+        ["127.0.0.2", "127.0.0.3", "192.168.7.10"],
+        local=LOCAL,
+        prefect_api_url="http://127.0.0.1:4200/api",
+        mlflow_tracking_uri="sqlite:////tmp/mlflow.db",
+        storage_path="/tmp/runs",
+    )
     assert remote_nodes(["127.0.0.2", "192.168.7.10", "::1"], LOCAL) == []
 
 
@@ -46,8 +54,12 @@ def test_remote_node_refuses_plain_local_storage_path_but_not_shared_urls():
 
 
 def test_every_problem_is_listed_at_once():
-    message = refusal(["10.0.3.7", "10.0.3.8"], prefect_api_url="http://127.0.0.1:4200/api",
-                      mlflow_tracking_uri="sqlite:///mlflow.db", storage_path="runs")
+    message = refusal(
+        ["10.0.3.7", "10.0.3.8"],
+        prefect_api_url="http://127.0.0.1:4200/api",
+        mlflow_tracking_uri="sqlite:///mlflow.db",
+        storage_path="runs",
+    )
     assert message.count("\n- ") == 3 and "10.0.3.8" in message
 
 

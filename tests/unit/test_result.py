@@ -35,6 +35,11 @@ print("OK")
 
 
 def test_metrics_dataframe_is_built_on_first_use(tmp_path):
-    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, timeout=120,
-                         env={"PYTHONPATH": REPO_ROOT, "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": REPO_ROOT, "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout + out.stderr

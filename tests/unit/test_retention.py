@@ -8,15 +8,26 @@ import math
 import pytest
 
 from trainlib._internal.storage.commits import CommittedCheckpoint
-from trainlib._internal.storage.retention import best_checkpoints, checkpoints_to_delete, rank_checkpoints, warn_if_unscored
+from trainlib._internal.storage.retention import (
+    best_checkpoints,
+    checkpoints_to_delete,
+    rank_checkpoints,
+    warn_if_unscored,
+)
 from trainlib.config import CheckpointConfig
 
 
 def ckpts(*scores):
     """Checkpoints at steps 1..n with metric ``acc`` (None: the metric is missing)."""
-    return [CommittedCheckpoint(step=i + 1, path=f"/r/checkpoint_{i + 1:06d}",
-                                metrics={} if s is None else {"acc": s}, committed_at=float(i))
-            for i, s in enumerate(scores)]
+    return [
+        CommittedCheckpoint(
+            step=i + 1,
+            path=f"/r/checkpoint_{i + 1:06d}",
+            metrics={} if s is None else {"acc": s},
+            committed_at=float(i),
+        )
+        for i, s in enumerate(scores)
+    ]
 
 
 def steps(checkpoints):
@@ -110,8 +121,12 @@ def test_score_order_is_checked():
 
 
 def nested(*losses):
-    return [CommittedCheckpoint(step=i + 1, path=f"/r/checkpoint_{i + 1:06d}", metrics={"val": {"loss": v}},
-                                committed_at=float(i)) for i, v in enumerate(losses)]
+    return [
+        CommittedCheckpoint(
+            step=i + 1, path=f"/r/checkpoint_{i + 1:06d}", metrics={"val": {"loss": v}}, committed_at=float(i)
+        )
+        for i, v in enumerate(losses)
+    ]
 
 
 def test_a_slash_path_scores_nested_metrics_as_ray_train_does(caplog):
@@ -142,7 +157,9 @@ def _result(*metric_dicts):
 
 
 def test_get_best_checkpoint_picks_by_metric_and_mode_skipping_checkpoints_without_it():
-    result = _result({"loss": 0.5, "val": {"acc": 0.1}}, {"loss": 0.2}, {"other": 1}, {"loss": 0.9, "val": {"acc": 0.8}})
+    result = _result(
+        {"loss": 0.5, "val": {"acc": 0.1}}, {"loss": 0.2}, {"other": 1}, {"loss": 0.9, "val": {"acc": 0.8}}
+    )
     assert result.get_best_checkpoint("loss", "min").path.endswith("checkpoint_000002")
     assert result.get_best_checkpoint("loss", "max").path.endswith("checkpoint_000004")
     assert result.get_best_checkpoint("val/acc", "max").path.endswith("checkpoint_000004")

@@ -29,15 +29,18 @@ def test_http_client_errors_are_permanent(code):
     assert not is_transient(http_error(code, "no"))
 
 
-@pytest.mark.parametrize("reason, transient", [
-    (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), True),
-    (TimeoutError("timed out"), True),
-    (socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"), True),
-    (socket.gaierror(socket.EAI_NONAME, "Name or service not known"), False),
-    (ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed certificate"), False),
-    (PermissionError(errno.EACCES, "Permission denied"), False),
-    ("unknown url type: gopher", False),
-])
+@pytest.mark.parametrize(
+    "reason, transient",
+    [
+        (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), True),
+        (TimeoutError("timed out"), True),
+        (socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"), True),
+        (socket.gaierror(socket.EAI_NONAME, "Name or service not known"), False),
+        (ssl.SSLCertVerificationError(1, "certificate verify failed: self-signed certificate"), False),
+        (PermissionError(errno.EACCES, "Permission denied"), False),
+        ("unknown url type: gopher", False),
+    ],
+)
 def test_urlerror_is_judged_by_its_reason(reason, transient):
     assert is_transient(urllib.error.URLError(reason)) is transient
     if isinstance(reason, BaseException):

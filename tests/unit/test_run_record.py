@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import fsspec
-
-import trainlib
 from ray import cloudpickle
 
+import trainlib
 from trainlib._internal.execution.run import TRAINER_FILE, RestoreExtras, SavedTrainer, open_run, start_run
 from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.storage.run_record import RUN_STATE_FILE, RunFailure, RunRecord, RunStatus
@@ -18,9 +17,15 @@ from trainlib.callbacks import RunInfo
 
 def test_the_record_round_trips_through_its_file(tmp_path):
     storage = RunStorage(fsspec.filesystem("file"), str(tmp_path), "run")
-    record = RunRecord(name="run", storage_path=str(tmp_path), trainlib_version="0.1.0",
-                       train_loop_config={"lr": 0.1}, scaling_config={"num_workers": 2},
-                       checkpoint_config={"num_to_keep": 1}, failure_config={"max_failures": 0})
+    record = RunRecord(
+        name="run",
+        storage_path=str(tmp_path),
+        trainlib_version="0.1.0",
+        train_loop_config={"lr": 0.1},
+        scaling_config={"num_workers": 2},
+        checkpoint_config={"num_to_keep": 1},
+        failure_config={"max_failures": 0},
+    )
     record.status = RunStatus.FAILED
     record.callbacks["mlflow"] = {"run_id": "abc"}
     record.failures = [RunFailure(rank=1, cause="ValueError: boom")]
@@ -58,10 +63,24 @@ def _open_and_start(tmp_path, callback, if_exists="error"):
         pass
 
     run_config = trainlib.RunConfig(name="run", storage_path=str(tmp_path), callbacks=[callback], if_exists=if_exists)
-    opened = open_run(run_config, "run", restoring=False, train_fn=TrainFunction.bind(train_func, None),
-                      train_loop_config=None, scaling_config=trainlib.ScalingConfig())
-    info = RunInfo(name="run", path=opened.storage.uri(), world_size=1, use_gpu=False, train_loop_config=None,
-                   scaling_config={}, resumed_from=None, record=opened.record)
+    opened = open_run(
+        run_config,
+        "run",
+        restoring=False,
+        train_fn=TrainFunction.bind(train_func, None),
+        train_loop_config=None,
+        scaling_config=trainlib.ScalingConfig(),
+    )
+    info = RunInfo(
+        name="run",
+        path=opened.storage.uri(),
+        world_size=1,
+        use_gpu=False,
+        train_loop_config=None,
+        scaling_config={},
+        resumed_from=None,
+        record=opened.record,
+    )
     start_run(opened, info, [callback])
     return opened
 
@@ -83,19 +102,32 @@ def _train(config):
 
 def test_the_saved_trainer_is_read_back_typed_from_this_and_the_earlier_file_format(tmp_path):
     scaling = trainlib.ScalingConfig(num_workers=3)
-    extras = RestoreExtras(dataset_config=trainlib.DataConfig(datasets_to_split=["train"]),
-                           dataset_names=("train", "val"), metadata={"team": "a"})
-    opened = open_run(trainlib.RunConfig(name="run", storage_path=str(tmp_path)), "run", restoring=False,
-                      train_fn=TrainFunction.bind(_train, {"lr": 0.5}), train_loop_config={"lr": 0.5},
-                      scaling_config=scaling, extras=extras)
+    extras = RestoreExtras(
+        dataset_config=trainlib.DataConfig(datasets_to_split=["train"]),
+        dataset_names=("train", "val"),
+        metadata={"team": "a"},
+    )
+    opened = open_run(
+        trainlib.RunConfig(name="run", storage_path=str(tmp_path)),
+        "run",
+        restoring=False,
+        train_fn=TrainFunction.bind(_train, {"lr": 0.5}),
+        train_loop_config={"lr": 0.5},
+        scaling_config=scaling,
+        extras=extras,
+    )
     saved = SavedTrainer.load(opened.storage)
     assert saved.train_loop_per_worker({"x": 1}) == {"x": 1} and saved.train_loop_config == {"lr": 0.5}
     assert saved.scaling_config.num_workers == 3
     assert saved.extras.dataset_names == ("train", "val") and saved.extras.metadata == {"team": "a"}
     assert saved.extras.dataset_config._datasets_to_split == ["train"]  # Ray Train keeps it private too
     # A folder written before the function was bound once: the function and config as they were given, no extras.
-    opened.storage.write_bytes_atomic(opened.storage.join(TRAINER_FILE), cloudpickle.dumps(
-        {"train_loop_per_worker": _train, "train_loop_config": {"lr": 0.1}, "scaling_config": scaling}))
+    opened.storage.write_bytes_atomic(
+        opened.storage.join(TRAINER_FILE),
+        cloudpickle.dumps(
+            {"train_loop_per_worker": _train, "train_loop_config": {"lr": 0.1}, "scaling_config": scaling}
+        ),
+    )
     earlier = SavedTrainer.load(opened.storage)
     assert earlier.train_loop_per_worker is _train and earlier.train_loop_config == {"lr": 0.1}
     assert earlier.extras == RestoreExtras()

@@ -60,8 +60,9 @@ def _agent_command(tmp_path, port: int, *extra: str) -> list[str]:
 
 
 def _post(port: int, body: str) -> dict:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/get_or_create_runtime_env", data=body.encode(),
-                                     method="POST")
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/get_or_create_runtime_env", data=body.encode(), method="POST"
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
 
@@ -70,18 +71,29 @@ def _wait_listening(pid: int, port: int, timeout: float = 30) -> None:
     """Until ``pid`` listens on ``port`` (seen from outside: a connection would start the agent)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
-               for c in psutil.Process(pid).net_connections(kind="tcp")):
+        if any(
+            c.status == psutil.CONN_LISTEN and c.laddr.port == port
+            for c in psutil.Process(pid).net_connections(kind="tcp")
+        ):
             return
         time.sleep(0.05)
     raise AssertionError(f"{pid} does not listen on {port}")
 
 
 def test_the_raylet_is_given_the_agent_on_demand_with_the_agents_own_command():
-    agent = ["/usr/bin/python", "-u", "/ray dir/runtime_env/agent/main.py", "--node-ip-address=127.0.0.1",
-             "--runtime-env-agent-port=5555"]
-    command = ["raylet", "--dashboard_agent_command=/usr/bin/python -u /ray/dashboard/agent.py",
-               "--runtime_env_agent_command=" + subprocess.list2cmdline(agent), "--x=1"]
+    agent = [
+        "/usr/bin/python",
+        "-u",
+        "/ray dir/runtime_env/agent/main.py",
+        "--node-ip-address=127.0.0.1",
+        "--runtime-env-agent-port=5555",
+    ]
+    command = [
+        "raylet",
+        "--dashboard_agent_command=/usr/bin/python -u /ray/dashboard/agent.py",
+        "--runtime_env_agent_command=" + subprocess.list2cmdline(agent),
+        "--x=1",
+    ]
     edited = runtime_env_agent.with_agent_on_demand(command)
     assert edited[:2] == command[:2] and edited[3:] == command[3:]
     flag, value = edited[2].split("=", 1)
@@ -94,9 +106,11 @@ def test_the_raylet_is_given_the_agent_on_demand_with_the_agents_own_command():
 
 def test_the_agent_starts_at_the_first_request_and_serves_every_one_after_it(tmp_path):
     port = free_port()
-    parent = subprocess.Popen([sys.executable, "-c", PARENT,
-                               *runtime_env_agent.on_demand_command(_agent_command(tmp_path, port))],
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, *runtime_env_agent.on_demand_command(_agent_command(tmp_path, port))],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         forwarder = psutil.Process(int(parent.stdout.readline()))
         _wait_listening(forwarder.pid, port)

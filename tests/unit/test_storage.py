@@ -46,8 +46,9 @@ def make_source(tmp_path, step):
 
 def new_run(fs, root, name="run"):
     storage = RunStorage(fs, root, name)
-    storage.write_json_atomic(storage.join(RUN_STATE_FILE), {"name": name, "status": "RUNNING",
-                                                             "checkpoint_config": {}})
+    storage.write_json_atomic(
+        storage.join(RUN_STATE_FILE), {"name": name, "status": "RUNNING", "checkpoint_config": {}}
+    )
     return storage
 
 
@@ -59,18 +60,30 @@ def commit(storage, src, step):
 def assert_only_previous_is_valid(storage, previous_step=1, crashed_step=2):
     """Every reader sees the previous checkpoint as the latest; cleanup removes the crashed folder."""
     assert [c.step for c in storage.committed_checkpoints()] == [previous_step]
-    result = trainlib.Result.from_path(storage.uri(), storage_filesystem=storage.fs
-                                       if not storage.is_local else None)
+    result = trainlib.Result.from_path(storage.uri(), storage_filesystem=storage.fs if not storage.is_local else None)
     assert result.checkpoint is not None
     assert os.path.basename(result.checkpoint.path.rstrip("/")) == f"checkpoint_{previous_step:06d}"
     assert [os.path.basename(c.path.rstrip("/")) for c, _ in result.best_checkpoints] == [
-        f"checkpoint_{previous_step:06d}"]
+        f"checkpoint_{previous_step:06d}"
+    ]
     # The resume path: what the trainer would restart from (get_checkpoint() in the workers).
-    trainer = TorchTrainer(train_func, run_config=trainlib.RunConfig(
-        name=storage.name, storage_path=storage.uri(storage.root) if not storage.is_local else storage.root,
-        storage_filesystem=None if storage.is_local else storage.fs, verbose=False))
-    opened = open_run(trainer.run_config, storage.name, restoring=False, train_fn=trainer._train_fn,
-                      train_loop_config=None, scaling_config=trainer.scaling_config)
+    trainer = TorchTrainer(
+        train_func,
+        run_config=trainlib.RunConfig(
+            name=storage.name,
+            storage_path=storage.uri(storage.root) if not storage.is_local else storage.root,
+            storage_filesystem=None if storage.is_local else storage.fs,
+            verbose=False,
+        ),
+    )
+    opened = open_run(
+        trainer.run_config,
+        storage.name,
+        restoring=False,
+        train_fn=trainer._train_fn,
+        train_loop_config=None,
+        scaling_config=trainer.scaling_config,
+    )
     assert [c.step for c in opened.committed] == [previous_step]
     # open_run removed the uncommitted folder.
     assert not storage.fs.exists(storage.checkpoint_path(crashed_step))
@@ -124,8 +137,12 @@ def test_local_commit_killed_at_every_step(tmp_path, crash_at):
     root = str(tmp_path / "runs")
     storage = new_run(fsspec.filesystem("file"), root)
     commit(storage, make_source(tmp_path, 1), 1)
-    proc = subprocess.run([sys.executable, "-c", CHILD, root, make_source(tmp_path, 2), str(crash_at)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, root, make_source(tmp_path, 2), str(crash_at)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if crash_at == LOCAL_CRASH_POINTS[-1]:
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.split()[-1] == "copy,rename,copy,rename,copy,rename,marker-write,rename"

@@ -41,12 +41,27 @@ def test_the_tracer_records_the_watched_imports_and_calls_of_a_process(tmp_path)
 def test_phases_are_seconds_from_the_main_process_start_and_a_worker_phase_is_the_slower_rank(tmp_path):
     trace = _load_trace_startup()
     logs = {
-        100: [(10.0, "process"), (11.5, "imported torch"), (13.0, "imported torchvision"), (13.1, "call ray.init"),
-              (14.0, "return ray.init")],
-        200: [(13.5, "process"), (14.0, "imported ray"), (16.0, "imported torch"), (16.1, "call TrainWorker.__init__"),
-              (18.0, "imported torchvision")],
-        201: [(13.6, "process"), (14.2, "imported ray"), (16.5, "imported torch"),
-              (16.6, "call TrainWorker.__init__"), (18.4, "imported torchvision")],
+        100: [
+            (10.0, "process"),
+            (11.5, "imported torch"),
+            (13.0, "imported torchvision"),
+            (13.1, "call ray.init"),
+            (14.0, "return ray.init"),
+        ],
+        200: [
+            (13.5, "process"),
+            (14.0, "imported ray"),
+            (16.0, "imported torch"),
+            (16.1, "call TrainWorker.__init__"),
+            (18.0, "imported torchvision"),
+        ],
+        201: [
+            (13.6, "process"),
+            (14.2, "imported ray"),
+            (16.5, "imported torch"),
+            (16.6, "call TrainWorker.__init__"),
+            (18.4, "imported torchvision"),
+        ],
         300: [(13.2, "process")],  # a Python process of Ray's that never imported the job: not a worker
     }
     for pid, rows in logs.items():

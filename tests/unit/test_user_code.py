@@ -24,14 +24,16 @@ def test_function_from_a_module_the_worker_lacks_is_shipped_by_value(tmp_path, m
     code = tmp_path / "code"
     code.mkdir()
     (code / "my_helpers.py").write_text("def square(v):\n    return v * v\n")
-    (code / "my_training.py").write_text(textwrap.dedent("""
+    (code / "my_training.py").write_text(
+        textwrap.dedent("""
         import my_helpers
         from my_helpers import square
         OFFSET = 1
 
         def train_func(config):
             return square(config["x"]) + my_helpers.square(1) + OFFSET
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(code))
     importlib.invalidate_caches()
     module = importlib.import_module("my_training")
@@ -55,8 +57,9 @@ def test_function_from_a_module_the_worker_lacks_is_shipped_by_value(tmp_path, m
         assert bound.user_modules == ("my_training", "my_helpers")
         shipped_bound = bound.by_value(["my_training", "my_helpers"])
         loader = "import sys, pickle; print(pickle.loads(sys.stdin.buffer.read()).load()())"
-        done = subprocess.run([sys.executable, "-c", loader], input=cloudpickle.dumps(shipped_bound),
-                              capture_output=True, cwd=elsewhere)
+        done = subprocess.run(
+            [sys.executable, "-c", loader], input=cloudpickle.dumps(shipped_bound), capture_output=True, cwd=elsewhere
+        )
         assert done.returncode == 0 and done.stdout.strip() == b"27", done.stderr.decode()
     finally:
         sys.modules.pop("my_training", None)
@@ -81,20 +84,29 @@ def test_a_function_shipped_by_value_fails_with_its_file_and_line_in_the_traceba
     "<dynamic-code>" for the file, Ray's copy keeps it."""
     code = tmp_path / "code"
     code.mkdir()
-    (code / "my_script.py").write_text(textwrap.dedent("""
+    (code / "my_script.py").write_text(
+        textwrap.dedent("""
         def train_func(config):
             labels = {"a": 1}
             return labels[config["key"]]  # the failing line
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(code))
     importlib.invalidate_caches()
     module = importlib.import_module("my_script")
     try:
         shipped = TrainFunction.bind(module.train_func, {"key": "b"}).by_value(["my_script"])
-        loader = ("import pickle, sys, traceback\nf = pickle.loads(sys.stdin.buffer.read()).load()\n"
-                  "try:\n    f()\nexcept KeyError:\n    print(traceback.format_exc())")
-        done = subprocess.run([sys.executable, "-c", loader], input=cloudpickle.dumps(shipped), capture_output=True,
-                              cwd=tmp_path, text=False)
+        loader = (
+            "import pickle, sys, traceback\nf = pickle.loads(sys.stdin.buffer.read()).load()\n"
+            "try:\n    f()\nexcept KeyError:\n    print(traceback.format_exc())"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", loader],
+            input=cloudpickle.dumps(shipped),
+            capture_output=True,
+            cwd=tmp_path,
+            text=False,
+        )
         assert done.returncode == 0, done.stderr.decode()
         text = done.stdout.decode()
         assert f'File "{code / "my_script.py"}", line 4, in train_func' in text, text

@@ -140,10 +140,27 @@ def test_each_worker_line_reaches_the_console_in_one_write(monkeypatch):
     monkeypatch.setattr("sys.stdout", console)
     monkeypatch.setattr("sys.stderr", errors)
     printer = _DriverPrinter("01000000", "10.0.0.1", ignore_prefix=False)
-    printer.publish_logs({"job": "01000000", "pid": 4242, "ip": "10.0.0.1", "is_err": False, "task_name": "train",
-                          "lines": ["first line", "second line"]})
-    ray_worker.print_to_stdstream({"pid": 4243, "ip": "10.0.0.2", "localhost": "10.0.0.1", "is_err": True,
-                                   "actor_name": "TrainWorker", "lines": ["an error"]}, ignore_prefix=False)
+    printer.publish_logs(
+        {
+            "job": "01000000",
+            "pid": 4242,
+            "ip": "10.0.0.1",
+            "is_err": False,
+            "task_name": "train",
+            "lines": ["first line", "second line"],
+        }
+    )
+    ray_worker.print_to_stdstream(
+        {
+            "pid": 4243,
+            "ip": "10.0.0.2",
+            "localhost": "10.0.0.1",
+            "is_err": True,
+            "actor_name": "TrainWorker",
+            "lines": ["an error"],
+        },
+        ignore_prefix=False,
+    )
     # Only this test's lines are counted: CI once saw one more write on stderr from this thread (in a full run only,
     # cause not found; e.g. a warning of an earlier test's logger printed through logging's lastResort handler).
     # A line split in two still fails: its first piece holds the prefix but not the newline.

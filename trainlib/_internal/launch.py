@@ -30,9 +30,11 @@ logger = logging.getLogger("trainlib")
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m trainlib", usage="python -m trainlib SCRIPT [ARGS...]",
+        prog="python -m trainlib",
+        usage="python -m trainlib SCRIPT [ARGS...]",
         description="Run a training script as `python SCRIPT ARGS` does, with trainlib's local Ray (and its workers' "
-                    "torch import) started before the script's own imports.")
+        "torch import) started before the script's own imports.",
+    )
     parser.add_argument("script", help="the training script's path")
     parser.add_argument("args", nargs="*", help="the script's own arguments, passed to it unchanged")
     return parser
@@ -64,8 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         start_ahead_of_fit()
     except Exception as exc:  # noqa: BLE001 - fit() starts it (and reports why not) in the script's own context
-        logger.warning("Ray could not be started ahead of the script (%s); fit() starts it as without "
-                       "`python -m trainlib`", exc)
+        logger.warning(
+            "Ray could not be started ahead of the script (%s); fit() starts it as without `python -m trainlib`", exc
+        )
     import ray
 
     sys.argv = [script, *script_args]

@@ -63,8 +63,11 @@ def clean_metrics(metrics: Any) -> dict[str, Any]:
 
 def _clean_value(key: str, value: Any) -> Any:
     if type(value).__module__.startswith("torch"):
-        hint = "call .item() on it" if getattr(value, "ndim", 1) == 0 else \
-            "report plain values (e.g. .item() or .tolist()), or save tensors in the checkpoint"
+        hint = (
+            "call .item() on it"
+            if getattr(value, "ndim", 1) == 0
+            else "report plain values (e.g. .item() or .tolist()), or save tensors in the checkpoint"
+        )
         raise TypeError(f"trainlib.report(): metrics[{key!r}] is a torch tensor {_short(value)}: {hint}.")
     if type(value).__module__ == "numpy":
         return value.tolist()  # NumPy scalar -> int/float/bool, array -> (nested) list

@@ -52,7 +52,6 @@ SPOOL_FILE = "mlflow_spool.jsonl"
 DEFAULT_SPOOL_DIR = "~/.trainlib/mlflow_spool"  # for runs whose storage is not local
 
 
-
 def _tag_value(text: str) -> str:
     """``text`` cut to MLflow's longest tag value (read from mlflow, which ``before_run`` imported)."""
     from trainlib.mlflow.records import MAX_TAG_VAL_LENGTH
@@ -107,9 +106,16 @@ class MLflowLogger(Callback):
         >>> logger.run_id
     """
 
-    def __init__(self, tracking_uri: str | None = None, experiment_name: str | None = None,
-                 run_name: str | None = None, tags: dict[str, Any] | None = None,
-                 log_checkpoints: str = "all", *, spool_dir: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment_name: str | None = None,
+        run_name: str | None = None,
+        tags: dict[str, Any] | None = None,
+        log_checkpoints: str = "all",
+        *,
+        spool_dir: str | os.PathLike | None = None,
+    ):
         if tracking_uri is not None and (not isinstance(tracking_uri, str) or not tracking_uri):
             raise TypeError(
                 f"MLflowLogger(tracking_uri={tracking_uri!r}) must be a URI string such as "
@@ -190,8 +196,16 @@ class MLflowLogger(Callback):
                     # An earlier outage left records behind (an old end status among them):
                     # send them before this run reopens the MLflow run.
                     self._sender.replay()
-                self.run_id = open_run(self._client, self._uri, self.experiment_id, run, saved,
-                                       run_name=self.run_name, log_checkpoints=self.log_checkpoints, tags=self.tags)
+                self.run_id = open_run(
+                    self._client,
+                    self._uri,
+                    self.experiment_id,
+                    run,
+                    saved,
+                    run_name=self.run_name,
+                    log_checkpoints=self.log_checkpoints,
+                    tags=self.tags,
+                )
         except TrackingError:
             raise
         except Exception as exc:  # noqa: BLE001 - every cause becomes one clear error
@@ -202,8 +216,7 @@ class MLflowLogger(Callback):
                 "MLFLOW_TRACKING_URI at a reachable one, or remove MLflowLogger from RunConfig.callbacks "
                 "to train without tracking."
             ) from None
-        logger.info("MLflow run %s in experiment %r at %s", self.run_id, self._experiment_name(),
-                    redact_url(self._uri))
+        logger.info("MLflow run %s in experiment %r at %s", self.run_id, self._experiment_name(), redact_url(self._uri))
         if saved.get("run_id") == self.run_id and run.earlier_reports:
             self._log_missing_metrics(run.earlier_reports)
 
@@ -212,11 +225,21 @@ class MLflowLogger(Callback):
         skipped = sorted(set(report.metrics) - set(metrics) - self._skipped_keys)
         if skipped:  # strings, lists, objects: kept in the run's metrics, but MLflow metrics are numbers
             self._skipped_keys.update(skipped)
-            logger.warning("MLflow logs only numeric metrics: %s (reported from step %d on) not logged to MLflow; "
-                           "they are kept in Result.metrics and metrics_dataframe.", ", ".join(skipped), report.step)
+            logger.warning(
+                "MLflow logs only numeric metrics: %s (reported from step %d on) not logged to MLflow; "
+                "they are kept in Result.metrics and metrics_dataframe.",
+                ", ".join(skipped),
+                report.step,
+            )
         if metrics:
-            self._emit({"kind": "metrics", "step": report.step, "metrics": metrics,
-                        "timestamp": int(report.reported_at * 1000)})
+            self._emit(
+                {
+                    "kind": "metrics",
+                    "step": report.step,
+                    "metrics": metrics,
+                    "timestamp": int(report.reported_at * 1000),
+                }
+            )
         if report.checkpoint is None:
             return
         name = posixpath.basename(report.checkpoint.path.rstrip("/"))
@@ -230,17 +253,26 @@ class MLflowLogger(Callback):
     def after_checkpoint_deleted(self, run: RunInfo, checkpoint: Checkpoint) -> None:
         if self.log_checkpoints == "uri":
             name = posixpath.basename(checkpoint.path.rstrip("/"))
-            self._emit({"kind": "tags", "tags": {
-                f"trainlib.checkpoint.{name}": _tag_value(f"deleted by retention: {checkpoint.uri}")}})
+            self._emit(
+                {
+                    "kind": "tags",
+                    "tags": {f"trainlib.checkpoint.{name}": _tag_value(f"deleted by retention: {checkpoint.uri}")},
+                }
+            )
 
-    def after_failure(self, run: RunInfo, failure: "WorkerError", will_restart: bool) -> None:
+    def after_failure(self, run: RunInfo, failure: WorkerError, will_restart: bool) -> None:
         self._failures += 1
-        self._emit({"kind": "tags", "tags": {
-            "trainlib.failures": str(self._failures),
-            "trainlib.last_failure": _tag_value(redact_text(f"rank {failure.rank}: {failure.cause}")),
-        }})
+        self._emit(
+            {
+                "kind": "tags",
+                "tags": {
+                    "trainlib.failures": str(self._failures),
+                    "trainlib.last_failure": _tag_value(redact_text(f"rank {failure.rank}: {failure.cause}")),
+                },
+            }
+        )
 
-    def after_run(self, run: RunInfo, result: "Result") -> None:
+    def after_run(self, run: RunInfo, result: Result) -> None:
         if self.run_id is None or self._sender is None:
             return
         sender = self._sender
@@ -256,8 +288,7 @@ class MLflowLogger(Callback):
         failed = result.error is not None or run.record.status is RunStatus.FAILED
         if failed:
             message = run.record.error or f"{type(result.error).__name__}: {result.error}"
-            self._emit({"kind": "tags", "tags": {
-                "trainlib.error": _tag_value(redact_text(message))}})
+            self._emit({"kind": "tags", "tags": {"trainlib.error": _tag_value(redact_text(message))}})
         status = "FAILED" if failed else "FINISHED"
         self._emit({"kind": "status", "status": status, "end_time": int(time.time() * 1000)})
         if sender.pending():
@@ -268,7 +299,11 @@ class MLflowLogger(Callback):
                 "MLflow run %s at %s is missing %s: the tracking server could not be reached. The records "
                 "are spooled in %s; send them with trainlib.mlflow.MLflowLogger.replay_spool(%r) once the "
                 "server is back (resuming this trainlib run also sends them). Checkpoints in run "
-                "storage are intact.", self.run_id, redact_url(self._uri), missing, sender.spool.path,
+                "storage are intact.",
+                self.run_id,
+                redact_url(self._uri),
+                missing,
+                sender.spool.path,
                 sender.spool.path,
             )
         else:
@@ -297,7 +332,7 @@ class MLflowLogger(Callback):
         if self.spool_dir is not None:
             return os.path.join(self.spool_dir, f"{run.name}.{SPOOL_FILE}")
         if not is_url(run.path) or run.path.startswith("file://"):
-            local = run.path[len("file://"):] if run.path.startswith("file://") else run.path
+            local = run.path[len("file://") :] if run.path.startswith("file://") else run.path
             return os.path.join(local, SPOOL_FILE)
         return os.path.join(expand_path(DEFAULT_SPOOL_DIR), f"{run.name}.{SPOOL_FILE}")
 
@@ -314,25 +349,45 @@ class MLflowLogger(Callback):
                 for key in sorted({k for r in reports for k, v in r.metrics.items() if is_number(v)}):
                     steps[key] = {m.step for m in self._client.get_metric_history(self.run_id, key)}
         except Exception as exc:  # noqa: BLE001 - an outage: the spool covers what this fit() reports
-            logger.warning("Could not compare MLflow run %s with the run's %d committed report(s) (%s); reports "
-                           "a crash kept from MLflow stay missing there.", self.run_id, len(reports),
-                           short_error(exc))
+            logger.warning(
+                "Could not compare MLflow run %s with the run's %d committed report(s) (%s); reports "
+                "a crash kept from MLflow stay missing there.",
+                self.run_id,
+                len(reports),
+                short_error(exc),
+            )
             return
         filled = 0
         for report in reports:
             missing = {k: v for k, v in report.metrics.items() if is_number(v) and report.step not in steps[k]}
             if missing:
                 filled += 1
-                self._emit({"kind": "metrics", "step": report.step, "metrics": missing,
-                            "timestamp": int(report.reported_at * 1000)})
+                self._emit(
+                    {
+                        "kind": "metrics",
+                        "step": report.step,
+                        "metrics": missing,
+                        "timestamp": int(report.reported_at * 1000),
+                    }
+                )
         if filled:
-            logger.warning("MLflow run %s lacked the metrics of %d committed report(s) (the driver stopped before "
-                           "sending them); logged them now from run storage.", self.run_id, filled)
+            logger.warning(
+                "MLflow run %s lacked the metrics of %d committed report(s) (the driver stopped before "
+                "sending them); logged them now from run storage.",
+                self.run_id,
+                filled,
+            )
 
     def _emit_checkpoint(self, checkpoint: Checkpoint) -> None:
         name = posixpath.basename(checkpoint.path.rstrip("/"))
-        self._emit({"kind": "artifacts", "source": checkpoint.uri,
-                    "artifact_path": f"{CHECKPOINT_ARTIFACT_DIR}/{name}", "_checkpoint": checkpoint})
+        self._emit(
+            {
+                "kind": "artifacts",
+                "source": checkpoint.uri,
+                "artifact_path": f"{CHECKPOINT_ARTIFACT_DIR}/{name}",
+                "_checkpoint": checkpoint,
+            }
+        )
 
     def _emit(self, record: dict[str, Any]) -> None:
         """Send one record of this MLflow run (or spool it). Never raises."""

@@ -14,10 +14,18 @@ from trainlib.checkpoint import Checkpoint
 from trainlib.mlflow.store import STATE_KEY, default_tracking_uri, using_tracking_uri
 
 
-def log_model(checkpoint: Checkpoint, model: Any, *, state_dict_file: str = "model.pt",
-              state_dict_key: str | None = None, input_example: Any = None,
-              registered_model_name: str | None = None, run_id: str | None = None,
-              tracking_uri: str | None = None, artifact_path: str = "model") -> Any:
+def log_model(
+    checkpoint: Checkpoint,
+    model: Any,
+    *,
+    state_dict_file: str = "model.pt",
+    state_dict_key: str | None = None,
+    input_example: Any = None,
+    registered_model_name: str | None = None,
+    run_id: str | None = None,
+    tracking_uri: str | None = None,
+    artifact_path: str = "model",
+) -> Any:
     """Load a checkpoint's weights into ``model`` and log it to MLflow (optionally registering it).
 
     The state dict is read from ``state_dict_file`` in the checkpoint (or from
@@ -57,8 +65,10 @@ def log_model(checkpoint: Checkpoint, model: Any, *, state_dict_file: str = "mod
     from mlflow.models import infer_signature
 
     if not isinstance(checkpoint, Checkpoint):
-        raise TypeError(f"log_model(checkpoint=...) takes a trainlib.Checkpoint (e.g. result.checkpoint), "
-                        f"got {type(checkpoint).__name__}.")
+        raise TypeError(
+            f"log_model(checkpoint=...) takes a trainlib.Checkpoint (e.g. result.checkpoint), "
+            f"got {type(checkpoint).__name__}."
+        )
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"log_model(model=...) takes a torch.nn.Module, got {type(model).__name__}.")
     recorded = _recorded_run(checkpoint)
@@ -95,13 +105,23 @@ def log_model(checkpoint: Checkpoint, model: Any, *, state_dict_file: str = "mod
                 "inside `with mlflow.start_run():`."
             )
         if run_id is None or (active is not None and active.info.run_id == run_id):
-            return mlflow.pytorch.log_model(model, name=artifact_path, signature=signature,
-                                            input_example=example, registered_model_name=registered_model_name)
+            return mlflow.pytorch.log_model(
+                model,
+                name=artifact_path,
+                signature=signature,
+                input_example=example,
+                registered_model_name=registered_model_name,
+            )
         client = MlflowClient(tracking_uri=tracking_uri)
         before = client.get_run(run_id).info
         with mlflow.start_run(run_id=run_id, nested=active is not None):
-            info = mlflow.pytorch.log_model(model, name=artifact_path, signature=signature,
-                                            input_example=example, registered_model_name=registered_model_name)
+            info = mlflow.pytorch.log_model(
+                model,
+                name=artifact_path,
+                signature=signature,
+                input_example=example,
+                registered_model_name=registered_model_name,
+            )
         if before.status != "RUNNING":
             # Keep the training run's own end state and end time (FAILED stays FAILED).
             client.set_terminated(run_id, before.status, end_time=before.end_time)
@@ -139,8 +159,9 @@ def _load_state_dict(checkpoint: Checkpoint, state_dict_file: str, state_dict_ke
     if state_dict_key is not None:
         if not isinstance(obj, dict) or state_dict_key not in obj:
             keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-            raise ValueError(f"log_model(state_dict_key={state_dict_key!r}): {state_dict_file} holds {keys}; "
-                             "pass one of those keys.")
+            raise ValueError(
+                f"log_model(state_dict_key={state_dict_key!r}): {state_dict_file} holds {keys}; pass one of those keys."
+            )
         obj = obj[state_dict_key]
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         keys = sorted(obj)[:10] if isinstance(obj, dict) else type(obj).__name__
@@ -149,5 +170,5 @@ def _load_state_dict(checkpoint: Checkpoint, state_dict_file: str, state_dict_ke
             "If it bundles several objects, pass state_dict_key='model' (the key of the model's state dict)."
         )
     if obj and all(k.startswith("module.") for k in obj):
-        obj = {k[len("module."):]: v for k, v in obj.items()}  # saved from the DDP wrapper
+        obj = {k[len("module.") :]: v for k, v in obj.items()}  # saved from the DDP wrapper
     return obj

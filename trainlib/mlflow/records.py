@@ -23,8 +23,13 @@ PARAMS_PER_BATCH = 100
 METRICS_PER_BATCH = 1000
 
 # MLflow errors that a retry cannot fix: the call is reported as rejected, not spooled.
-REJECTED_CODES = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
-                   "BAD_REQUEST", "INVALID_STATE"}
+REJECTED_CODES = {
+    "INVALID_PARAMETER_VALUE",
+    "RESOURCE_DOES_NOT_EXIST",
+    "RESOURCE_ALREADY_EXISTS",
+    "BAD_REQUEST",
+    "INVALID_STATE",
+}
 
 
 def is_rejected(exc: BaseException) -> bool:
@@ -36,13 +41,15 @@ def send_record(client: MlflowClient, record: dict[str, Any]) -> None:
     run_id, kind = record["run_id"], record["kind"]
     if kind in ("metrics", "params", "tags"):
         if kind == "metrics":
-            entries = [Metric(key, float(value), int(record["timestamp"]), int(record["step"]))
-                       for key, value in record["metrics"].items()]
+            entries = [
+                Metric(key, float(value), int(record["timestamp"]), int(record["step"]))
+                for key, value in record["metrics"].items()
+            ]
         else:
             entries = [(Param if kind == "params" else RunTag)(k, v) for k, v in record[kind].items()]
         size = METRICS_PER_BATCH if kind == "metrics" else PARAMS_PER_BATCH
         for i in range(0, len(entries), size):
-            client.log_batch(run_id, **{kind: entries[i:i + size]}, synchronous=True)
+            client.log_batch(run_id, **{kind: entries[i : i + size]}, synchronous=True)
     elif kind == "artifacts":
         checkpoint = record.get("_checkpoint") or Checkpoint.from_uri(record["source"])
         if not checkpoint.filesystem.exists(checkpoint.path):

@@ -41,17 +41,31 @@ def experiment_id(client: MlflowClient, uri: str, name: str) -> str:
             raise
         return client.get_experiment_by_name(name).experiment_id  # created concurrently
 
-def open_run(client: MlflowClient, uri: str, experiment: str, run: RunInfo, saved: dict[str, Any], *,
-             run_name: str | None, log_checkpoints: str, tags: dict[str, Any]) -> str:
+
+def open_run(
+    client: MlflowClient,
+    uri: str,
+    experiment: str,
+    run: RunInfo,
+    saved: dict[str, Any],
+    *,
+    run_name: str | None,
+    log_checkpoints: str,
+    tags: dict[str, Any],
+) -> str:
     """The MLflow run of trainlib run ``run``: the one in ``saved`` (a restart or resume), else a new one.
 
     Logs the run's params (only new keys on a continued run: MLflow params are immutable) and tags.
     """
     params = params_for_logging(
-        {"": run.train_loop_config, "scaling_config": run.scaling_config,
-         "checkpoint_config": run.record.checkpoint_config,
-         "failure_config": run.record.failure_config},
-        MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH,
+        {
+            "": run.train_loop_config,
+            "scaling_config": run.scaling_config,
+            "checkpoint_config": run.record.checkpoint_config,
+            "failure_config": run.record.failure_config,
+        },
+        MAX_ENTITY_KEY_LENGTH,
+        MAX_PARAM_VAL_LENGTH,
     )
     run_tags = {
         "trainlib.run_name": run.name,
@@ -72,7 +86,10 @@ def open_run(client: MlflowClient, uri: str, experiment: str, run: RunInfo, save
         if changed:
             logger.warning(
                 "MLflow params are immutable: run %s keeps its first values of %s; the resumed run's "
-                "new values are in trainlib_run.json.", run_id, ", ".join(changed))
+                "new values are in trainlib_run.json.",
+                run_id,
+                ", ".join(changed),
+            )
         params = {k: v for k, v in params.items() if k not in old}
         run_tags["trainlib.resumed"] = str(int(previous.data.tags.get("trainlib.resumed", "0")) + 1)
         if run.resumed_from:
@@ -86,6 +103,7 @@ def open_run(client: MlflowClient, uri: str, experiment: str, run: RunInfo, save
     send_record(client, {"run_id": run_id, "kind": "tags", "tags": run_tags})
     return run_id
 
+
 def _previous_run(client: MlflowClient, uri: str, saved: dict[str, Any]) -> Any:
     run_id = saved.get("run_id")
     if not run_id:
@@ -95,8 +113,9 @@ def _previous_run(client: MlflowClient, uri: str, saved: dict[str, Any]) -> Any:
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
             raise
-        logger.warning("MLflow run %s of this trainlib run is not in %s: starting a new MLflow run.",
-                       run_id, redact_url(uri))
+        logger.warning(
+            "MLflow run %s of this trainlib run is not in %s: starting a new MLflow run.", run_id, redact_url(uri)
+        )
         return None
     if previous.info.lifecycle_stage == "deleted":
         logger.warning("MLflow run %s of this trainlib run was deleted: starting a new MLflow run.", run_id)

@@ -50,15 +50,23 @@ class RecordSender:
                 send_record(self.client, record)
         except Exception as exc:  # noqa: BLE001 - tracking never fails training
             if is_rejected(exc):
-                logger.warning("MLflow rejected %s for run %s, not logged: %s", describe_records([record]),
-                               record.get("run_id"), short_error(exc))
+                logger.warning(
+                    "MLflow rejected %s for run %s, not logged: %s",
+                    describe_records([record]),
+                    record.get("run_id"),
+                    short_error(exc),
+                )
                 return
             self.spool.append(spoolable(record))
             self.offline_since = self._last_probe = time.monotonic()
             logger.warning(
                 "MLflow tracking at %s failed (%s) while logging %s. Training goes on; what cannot be sent "
-                "is spooled to %s and retried every %.0f s.", redact_url(self.uri), short_error(exc),
-                describe_records([record]), self.spool.path, tunables.MLFLOW_RECONNECT_INTERVAL_S,
+                "is spooled to %s and retried every %.0f s.",
+                redact_url(self.uri),
+                short_error(exc),
+                describe_records([record]),
+                self.spool.path,
+                tunables.MLFLOW_RECONNECT_INTERVAL_S,
             )
 
     def replay(self) -> bool:
@@ -67,8 +75,12 @@ class RecordSender:
         if replay.remaining:
             return False
         if self.offline_since is not None or replay.sent:
-            logger.warning("MLflow tracking at %s answers again: sent %d spooled record(s) from %s.",
-                           redact_url(self.uri), replay.sent, self.spool.path)
+            logger.warning(
+                "MLflow tracking at %s answers again: sent %d spooled record(s) from %s.",
+                redact_url(self.uri),
+                replay.sent,
+                self.spool.path,
+            )
         self.offline_since = None
         return True
 

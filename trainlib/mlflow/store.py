@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 from trainlib._internal import tunables
 from trainlib._internal.util.paths import expand_path
@@ -29,7 +29,7 @@ def sqlite_artifact_root(tracking_uri: str) -> str | None:
     """``<db folder>/mlartifacts`` for a local SQLite store (the folder ``mlflow server`` uses too)."""
     if not tracking_uri.startswith("sqlite:///"):
         return None
-    db_path = tracking_uri[len("sqlite:///"):]
+    db_path = tracking_uri[len("sqlite:///") :]
     return os.path.join(os.path.dirname(expand_path(db_path)), "mlartifacts")
 
 

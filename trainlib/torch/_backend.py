@@ -6,9 +6,9 @@ import datetime
 import os
 from typing import Any
 
-from trainlib._internal.execution.worker_preload import TORCH_MODULES
 from trainlib._internal.execution.spec import WorkerInfo
 from trainlib._internal.execution.worker import WorkerBackend
+from trainlib._internal.execution.worker_preload import TORCH_MODULES
 from trainlib._internal.util.allocator import keep_step_allocations
 from trainlib.torch._process_group import init_process_group, open_store
 from trainlib.torch.config import TorchConfig
@@ -43,8 +43,9 @@ class TorchBackend(WorkerBackend):
         store, self._store = self._store, None  # the group keeps it; a restart opens a new one
         device = select_device(self.use_gpu, info.gpu_index)
         if info.world_size > 1:
-            init_process_group(**process_group_args(self.config, info, device),
-                               store=store if info.world_rank == 0 else None)
+            init_process_group(
+                **process_group_args(self.config, info, device), store=store if info.world_rank == 0 else None
+            )
         return device
 
     def on_shutdown(self) -> None:
@@ -65,8 +66,11 @@ def process_group_args(config: TorchConfig, info: WorkerInfo, device: Any) -> di
     """The arguments of :func:`trainlib.torch._process_group.init_process_group` for this worker."""
     backend = config.backend or ("nccl" if device.type == "cuda" else "gloo")
     args: dict[str, Any] = {
-        "backend": backend, "master_addr": info.master_addr, "master_port": info.master_port,
-        "rank": info.world_rank, "world_size": info.world_size,
+        "backend": backend,
+        "master_addr": info.master_addr,
+        "master_port": info.master_port,
+        "rank": info.world_rank,
+        "world_size": info.world_size,
         "timeout": datetime.timedelta(seconds=config.timeout_s),
     }
     if backend == "nccl":

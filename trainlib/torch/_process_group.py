@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainlib._internal import tunables
 
@@ -36,10 +37,18 @@ def open_store(host: str, world_size: int, timeout: datetime.timedelta) -> Any:
     return dist.TCPStore(host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
 
 
-def init_process_group(backend: str, master_addr: str, master_port: int, rank: int, world_size: int,
-                       timeout: datetime.timedelta, device_id: Any = None,
-                       attempts: int = tunables.GLOO_CONNECT_ATTEMPTS,
-                       init: Callable[..., None] | None = None, store: Any = None) -> None:
+def init_process_group(
+    backend: str,
+    master_addr: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    timeout: datetime.timedelta,
+    device_id: Any = None,
+    attempts: int = tunables.GLOO_CONNECT_ATTEMPTS,
+    init: Callable[..., None] | None = None,
+    store: Any = None,
+) -> None:
     """``torch.distributed.init_process_group`` for this rank; gloo's connect failures retried by all ranks at once.
 
     ``init``: the function that creates the group (``torch.distributed.init_process_group``; tests
@@ -57,8 +66,14 @@ def init_process_group(backend: str, master_addr: str, master_port: int, rank: i
         prefix = f"trainlib/pg{attempt}"
         error: RuntimeError | None = None
         try:
-            init(backend=backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world_size,
-                 timeout=timeout, **extra)
+            init(
+                backend=backend,
+                store=dist.PrefixStore(prefix, store),
+                rank=rank,
+                world_size=world_size,
+                timeout=timeout,
+                **extra,
+            )
         except RuntimeError as exc:
             if tries == 1 or _TRANSIENT_SIGN not in str(exc):
                 raise
@@ -78,9 +93,15 @@ def init_process_group(backend: str, master_addr: str, master_port: int, rank: i
             raise error or RuntimeError(
                 f"The gloo process group could not be formed in {tries} tries: rank(s) {failed} failed to connect "
                 "(see their errors). Check that the nodes can reach each other on all ports, or set "
-                "GLOO_SOCKET_IFNAME to the interface they share.")
-        logger.warning("Forming the gloo process group failed on rank(s) %s (try %d of %d), trying again: %s",
-                       failed, attempt, tries, str(error).splitlines()[0][:200] if error else "a peer failed")
+                "GLOO_SOCKET_IFNAME to the interface they share."
+            )
+        logger.warning(
+            "Forming the gloo process group failed on rank(s) %s (try %d of %d), trying again: %s",
+            failed,
+            attempt,
+            tries,
+            str(error).splitlines()[0][:200] if error else "a peer failed",
+        )
 
 
 def _leave_store_last(store: Any, prefix: str, rank: int, world_size: int) -> None:
@@ -90,5 +111,7 @@ def _leave_store_last(store: Any, prefix: str, rank: int, world_size: int) -> No
     store.set(f"{prefix}/read/{rank}", "1")
     if rank == 0:
         with contextlib.suppress(RuntimeError):  # a peer that died never acknowledges: raise anyway
-            store.wait([f"{prefix}/read/{r}" for r in range(world_size)],
-                       datetime.timedelta(seconds=tunables.GLOO_VERDICT_READ_TIMEOUT_S))
+            store.wait(
+                [f"{prefix}/read/{r}" for r in range(world_size)],
+                datetime.timedelta(seconds=tunables.GLOO_VERDICT_READ_TIMEOUT_S),
+            )

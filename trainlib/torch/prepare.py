@@ -8,7 +8,8 @@ CPU, so a script can be tried without Ray.
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
@@ -29,9 +30,12 @@ def _world() -> tuple[int, int]:
 _STRATEGIES = ("ddp", "fsdp", None)
 
 
-def prepare_model(model: torch.nn.Module, move_to_device: bool | torch.device = True,
-                  parallel_strategy: str | None = "ddp",
-                  parallel_strategy_kwargs: dict[str, Any] | None = None) -> torch.nn.Module:
+def prepare_model(
+    model: torch.nn.Module,
+    move_to_device: bool | torch.device = True,
+    parallel_strategy: str | None = "ddp",
+    parallel_strategy_kwargs: dict[str, Any] | None = None,
+) -> torch.nn.Module:
     """Move ``model`` to this worker's device and wrap it for data-parallel training when world size > 1.
 
     Args:
@@ -147,8 +151,9 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def prepare_data_loader(data_loader: DataLoader, add_dist_sampler: bool = True,
-                        move_to_device: bool = True, auto_transfer: bool = True) -> DataLoader:
+def prepare_data_loader(
+    data_loader: DataLoader, add_dist_sampler: bool = True, move_to_device: bool = True, auto_transfer: bool = True
+) -> DataLoader:
     """Shard ``data_loader`` across workers and move its batches to this worker's device.
 
     With world size > 1, the loader is rebuilt with a ``DistributedSampler``
@@ -171,8 +176,12 @@ def prepare_data_loader(data_loader: DataLoader, add_dist_sampler: bool = True,
         raise TypeError(f"prepare_data_loader() takes a torch.utils.data.DataLoader, got {type(data_loader).__name__}.")
     rank, world_size = _world()
     loader = data_loader
-    if (world_size > 1 and add_dist_sampler and not isinstance(loader.sampler, DistributedSampler)
-            and not isinstance(loader.dataset, IterableDataset)):
+    if (
+        world_size > 1
+        and add_dist_sampler
+        and not isinstance(loader.sampler, DistributedSampler)
+        and not isinstance(loader.dataset, IterableDataset)
+    ):
         if loader.batch_sampler is not None and type(loader.batch_sampler).__name__ != "BatchSampler":
             raise ValueError(
                 "prepare_data_loader(): the DataLoader has a custom batch_sampler, which cannot be sharded "
@@ -186,17 +195,25 @@ def prepare_data_loader(data_loader: DataLoader, add_dist_sampler: bool = True,
             )
         shuffle = isinstance(loader.sampler, RandomSampler)
         seed = reproducibility.seed()
-        sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
-                                     seed=seed or 0)
+        sampler = DistributedSampler(
+            loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed or 0
+        )
         worker_init_fn, generator = loader.worker_init_fn, loader.generator
         if seed is not None:
             worker_init_fn = functools.partial(_seeded_worker_init, loader.worker_init_fn)
             generator = torch.Generator().manual_seed(seed)
         loader = DataLoader(
-            loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
-            collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
-            timeout=loader.timeout, worker_init_fn=worker_init_fn,
-            multiprocessing_context=loader.multiprocessing_context, generator=generator,
+            loader.dataset,
+            batch_size=loader.batch_size,
+            sampler=sampler,
+            num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory,
+            drop_last=loader.drop_last,
+            timeout=loader.timeout,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context,
+            generator=generator,
             prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
             persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False,
         )

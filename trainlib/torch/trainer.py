@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainlib._internal.execution.trainer import DataParallelTrainer
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import RunConfig
-from trainlib.scaling import ScalingConfig
 from trainlib.data import DataConfig
+from trainlib.scaling import ScalingConfig
 from trainlib.torch._backend import TorchBackend
 from trainlib.torch.config import TorchConfig
 
@@ -37,11 +38,19 @@ class TorchTrainer(DataParallelTrainer):
         >>> result = trainer.fit()
     """
 
-    def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: dict | None = None,
-                 scaling_config: ScalingConfig | None = None, run_config: RunConfig | None = None,
-                 torch_config: TorchConfig | None = None, resume_from_checkpoint: Checkpoint | None = None,
-                 datasets: dict[str, Any] | None = None, dataset_config: DataConfig | None = None,
-                 metadata: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        train_loop_per_worker: Callable,
+        *,
+        train_loop_config: dict | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+        torch_config: TorchConfig | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
+        datasets: dict[str, Any] | None = None,
+        dataset_config: DataConfig | None = None,
+        metadata: dict[str, Any] | None = None,
+    ):
         scaling_config = scaling_config or ScalingConfig()
         torch_config = torch_config or TorchConfig()
         if not isinstance(torch_config, TorchConfig):
@@ -49,8 +58,13 @@ class TorchTrainer(DataParallelTrainer):
         if torch_config.backend == "nccl" and not scaling_config.use_gpu:
             raise ValueError("TorchConfig(backend='nccl') needs GPUs: set ScalingConfig(use_gpu=True) or use 'gloo'.")
         super().__init__(
-            train_loop_per_worker, train_loop_config=train_loop_config, scaling_config=scaling_config,
-            run_config=run_config, resume_from_checkpoint=resume_from_checkpoint,
-            backend=TorchBackend(torch_config, scaling_config.use_gpu), datasets=datasets,
-            dataset_config=dataset_config, metadata=metadata,
+            train_loop_per_worker,
+            train_loop_config=train_loop_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            resume_from_checkpoint=resume_from_checkpoint,
+            backend=TorchBackend(torch_config, scaling_config.use_gpu),
+            datasets=datasets,
+            dataset_config=dataset_config,
+            metadata=metadata,
         )

@@ -102,17 +102,20 @@ def agent_ports_given_to_raylet() -> Iterator[ReservedAgentPorts]:
             if not params.metrics_agent_port:
                 params.metrics_agent_port = NO_METRICS_AGENT_PORT
             flags = [f"{LISTEN_PORT_FLAG}={params.dashboard_agent_listen_port}"]
-            with replaced_attribute(services, "start_ray_process",
-                                    lambda start: functools.partial(_start_with_flags, start, flags)):
+            with replaced_attribute(
+                services, "start_ray_process", lambda start: functools.partial(_start_with_flags, start, flags)
+            ):
                 original(self, *args, **kwargs)
+
         return start_raylet
 
     with replaced_attribute(Node, "start_raylet", wrap):
         yield reserved
 
 
-def _start_with_flags(start: Callable[..., Any], flags: list[str], command: list[str], process_type: str,
-                      *args: Any, **kwargs: Any) -> Any:
+def _start_with_flags(
+    start: Callable[..., Any], flags: list[str], command: list[str], process_type: str, *args: Any, **kwargs: Any
+) -> Any:
     """Ray's ``start_ray_process``, with ``flags`` added to the raylet's command line, the dashboard agent's
     stand-in and the runtime-env agent started on demand."""
     if process_type == "raylet":

@@ -48,8 +48,9 @@ class CallbackRunner:
                     try:
                         getattr(callback, hook)(*args)
                     except Exception as exc:  # noqa: BLE001 - a callback never fails training
-                        logger.warning("Callback %s.%s failed: %s: %s", type(callback).__name__, hook,
-                                       type(exc).__name__, exc)
+                        logger.warning(
+                            "Callback %s.%s failed: %s: %s", type(callback).__name__, hook, type(exc).__name__, exc
+                        )
             finally:
                 self._current = None
                 self._queue.task_done()
@@ -65,6 +66,10 @@ class CallbackRunner:
         logger.warning(
             "Callback %s.%s has not finished after %.0f s (is its server reachable?); %d event(s) are not delivered "
             "to the callbacks, and after_run is not called. Training and its checkpoints are complete; the run "
-            "ends without waiting for them.", type(callback).__name__, hook, time.monotonic() - since,
-            self._queue.unfinished_tasks)
+            "ends without waiting for them.",
+            type(callback).__name__,
+            hook,
+            time.monotonic() - since,
+            self._queue.unfinished_tasks,
+        )
         return False

@@ -16,14 +16,19 @@ def commit_folder(step: int, placements: list[CheckpointPlacement]) -> str | Non
     """The checkpoint folder name every rank used for ``step`` (None: the default ``checkpoint_<step>``)."""
     names = {p.dir_name for p in placements}
     if len(names) > 1:
-        raise WorkerError(rank=0, cause=(
-            f"the ranks put the checkpoint of report {step} in different folders ({sorted(names)}): pass the same "
-            "checkpoint_dir_name to trainlib.report() on every rank"))
+        raise WorkerError(
+            rank=0,
+            cause=(
+                f"the ranks put the checkpoint of report {step} in different folders ({sorted(names)}): pass the same "
+                "checkpoint_dir_name to trainlib.report() on every rank"
+            ),
+        )
     return names.pop() if names else None
 
 
-def write_metadata(storage: RunStorage, path: str, trainer_metadata: dict[str, Any] | None,
-                   manifest: dict[str, int]) -> None:
+def write_metadata(
+    storage: RunStorage, path: str, trainer_metadata: dict[str, Any] | None, manifest: dict[str, int]
+) -> None:
     """Merge the trainer's ``metadata`` into the checkpoint's metadata file (the ranks' own keys win).
 
     The metadata file stays out of ``manifest``: ``Checkpoint.update_metadata`` may rewrite it later.

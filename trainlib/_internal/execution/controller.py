@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 import posixpath
 import time
-from typing import Any, Callable, Protocol
-
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.callback_runner import CallbackRunner
@@ -66,12 +66,23 @@ RESIZE = Resize()
 class Controller:
     """Runs attempts of a worker group until the training function finishes on every rank."""
 
-    def __init__(self, *, storage: RunStorage, make_worker_group: Callable[[], WorkerGroup], checkpoint_config: CheckpointConfig,
-                 failure_config: FailureConfig, callbacks: list[Callback], run_info: RunInfo,
-                 start_checkpoint: Checkpoint | None = None, metrics_rows: list[dict[str, Any]] | None = None,
-                 committed: list[CommittedCheckpoint] | None = None, verbose: bool = True,
-                 scaling_policy: ScalingPolicy | None = None, metadata: dict[str, Any] | None = None,
-                 lease: RunLease | None = None):
+    def __init__(
+        self,
+        *,
+        storage: RunStorage,
+        make_worker_group: Callable[[], WorkerGroup],
+        checkpoint_config: CheckpointConfig,
+        failure_config: FailureConfig,
+        callbacks: list[Callback],
+        run_info: RunInfo,
+        start_checkpoint: Checkpoint | None = None,
+        metrics_rows: list[dict[str, Any]] | None = None,
+        committed: list[CommittedCheckpoint] | None = None,
+        verbose: bool = True,
+        scaling_policy: ScalingPolicy | None = None,
+        metadata: dict[str, Any] | None = None,
+        lease: RunLease | None = None,
+    ):
         self.storage = storage
         self.make_worker_group = make_worker_group
         self.checkpoint_config = checkpoint_config
@@ -129,13 +140,18 @@ class Controller:
             self._notify("after_failure", self.run_info, failure, will_restart)
             if not will_restart:
                 self.state = RunStatus.FAILED
-                raise WorkerGroupError(counted, policy.max_failures,
-                                       {f.rank: f.__cause__ or f for f in self.last_failures or [failure]})
+                raise WorkerGroupError(
+                    counted, policy.max_failures, {f.rank: f.__cause__ or f for f in self.last_failures or [failure]}
+                )
             latest = self.latest_checkpoint()
-            logger.warning("Worker rank %d failed (%s); restarting the group (restart %d%s) from %s.",
-                           failure.rank, failure.cause, len(self.failures),
-                           "" if self.policy.max_failures < 0 else f" of {self.policy.max_failures}",
-                           latest.uri if latest else "the beginning (no checkpoint yet)")
+            logger.warning(
+                "Worker rank %d failed (%s); restarting the group (restart %d%s) from %s.",
+                failure.rank,
+                failure.cause,
+                len(self.failures),
+                "" if self.policy.max_failures < 0 else f" of {self.policy.max_failures}",
+                latest.uri if latest else "the beginning (no checkpoint yet)",
+            )
 
     def latest_checkpoint(self) -> Checkpoint | None:
         if self.committed:
@@ -158,8 +174,11 @@ class Controller:
                 "node has (NFS) written as a file:// URL, which declares it shared: 'file:///mnt/nfs/runs'."
             )
         first_step = self.committed[-1].step + 1 if self.committed else 1
-        plan = group.start(AttemptSpec(attempt=self.attempt, storage=self.storage,
-                                       checkpoint=self.latest_checkpoint(), first_step=first_step))
+        plan = group.start(
+            AttemptSpec(
+                attempt=self.attempt, storage=self.storage, checkpoint=self.latest_checkpoint(), first_step=first_step
+            )
+        )
         world_size = len(placements)
         self._node_ids = [placements[i].node_id for i in (plan.order if plan is not None else range(world_size))]
         self.state = RunStatus.RUNNING
@@ -183,9 +202,14 @@ class Controller:
                     return straggler_error(running, sorted(done), waited, self.straggler_timeout_s)
                 if not warned and waited >= self.straggler_timeout_s / 2:
                     warned = True
-                    logger.warning("%s still running %.0f s after %s finished; the attempt fails if still running "
-                                   "after %.0f s (FailureConfig.straggler_timeout_s).", ranks_text(running).capitalize(),
-                                   waited, ranks_text(sorted(done)), self.straggler_timeout_s)
+                    logger.warning(
+                        "%s still running %.0f s after %s finished; the attempt fails if still running "
+                        "after %.0f s (FailureConfig.straggler_timeout_s).",
+                        ranks_text(running).capitalize(),
+                        waited,
+                        ranks_text(sorted(done)),
+                        self.straggler_timeout_s,
+                    )
                 timeout = (self.straggler_timeout_s if warned else self.straggler_timeout_s / 2) - waited
             if self.scaling_policy is not None:  # elastic runs also wake up to watch nodes and growth
                 poll = self._poll_interval(world_size)
@@ -220,9 +244,11 @@ class Controller:
                     counts[rank] = max(counts[rank], step)
             return WorkerError(
                 rank=min(set(range(world_size)) - set(pending[min(pending)])),
-                cause=(f"the workers called report() different numbers of times (last step per rank: "
-                       f"{dict(sorted(counts.items()))}): every rank must call trainlib.report() the same "
-                       "number of times, with or without a checkpoint"),
+                cause=(
+                    f"the workers called report() different numbers of times (last step per rank: "
+                    f"{dict(sorted(counts.items()))}): every rank must call trainlib.report() the same "
+                    "number of times, with or without a checkpoint"
+                ),
             )
         return None
 
@@ -230,11 +256,18 @@ class Controller:
 
     def _poll_interval(self, world_size: int) -> float:
         growth = self.scaling_policy.poll_interval(world_size)
-        return min(self.watcher.poll_interval() or tunables.PREEMPTION_POLL_INTERVAL_S,
-                   growth if growth is not None else float("inf"))
+        return min(
+            self.watcher.poll_interval() or tunables.PREEMPTION_POLL_INTERVAL_S,
+            growth if growth is not None else float("inf"),
+        )
 
-    def _add_report(self, pending: dict[int, dict[int, ReportMessage]], committed_steps: set[int], world_size: int,
-                    message: ReportMessage) -> None:
+    def _add_report(
+        self,
+        pending: dict[int, dict[int, ReportMessage]],
+        committed_steps: set[int],
+        world_size: int,
+        message: ReportMessage,
+    ) -> None:
         if message.step not in pending and message.step in committed_steps:
             return  # a dead rank's recovered report of a step committed already (and maybe deleted since)
         pending.setdefault(message.step, {})[message.rank] = message
@@ -259,12 +292,19 @@ class Controller:
             committed = self.storage.commit_checkpoint(step, metrics, merged, dir_name)
             # An earlier checkpoint in the same folder (a reused checkpoint_dir_name) lost its marker to this one:
             # it is gone, and retention must not delete the folder as its.
-            self.committed = sorted([c for c in self.committed if c.step != step and c.path != committed.path]
-                                    + [committed], key=lambda c: c.step)
+            self.committed = sorted(
+                [c for c in self.committed if c.step != step and c.path != committed.path] + [committed],
+                key=lambda c: c.step,
+            )
             warn_if_unscored(committed, self.checkpoint_config)
             checkpoint = Checkpoint(committed.path, self.storage.fs)
-        row = {"step": step, "attempt": self.attempt, "time": max(r.reported_at for r in ranks.values()),
-               "checkpoint": posixpath.basename(checkpoint.path) if checkpoint else None, "metrics": metrics}
+        row = {
+            "step": step,
+            "attempt": self.attempt,
+            "time": max(r.reported_at for r in ranks.values()),
+            "checkpoint": posixpath.basename(checkpoint.path) if checkpoint else None,
+            "metrics": metrics,
+        }
         self.metrics_rows.append(row)
         self.storage.append_metrics_row(row, self.metrics_rows)
         if checkpoint is not None:
@@ -273,9 +313,13 @@ class Controller:
             shown = ", ".join(f"{k}={_fmt_value(v)}" for k, v in metrics.items())
             suffix = f" -> {checkpoint.uri}" if checkpoint else ""
             logger.info("[%s] step %d: %s%s", self.storage.name, step, shown, suffix)
-        self._notify("after_report", self.run_info,
-                     ReportRecord(step=step, metrics=metrics, checkpoint=checkpoint, attempt=self.attempt,
-                                  reported_at=row["time"]))
+        self._notify(
+            "after_report",
+            self.run_info,
+            ReportRecord(
+                step=step, metrics=metrics, checkpoint=checkpoint, attempt=self.attempt, reported_at=row["time"]
+            ),
+        )
 
     def _merge_manifests(self, step: int, path: str, manifests: dict[int, dict[str, int]]) -> dict[str, int]:
         merged, shared = merge_manifests(manifests)
@@ -287,7 +331,11 @@ class Controller:
                 logger.warning(
                     "Ranks %s all wrote %r into checkpoint %d: the stored file is one of them (the last upload). "
                     "Save it from one rank only (if trainlib.get_context().get_world_rank() == 0), or give each "
-                    "rank's file its own name (e.g. f'shard_{rank}.pt').", writers, rel, step)
+                    "rank's file its own name (e.g. f'shard_{rank}.pt').",
+                    writers,
+                    rel,
+                    step,
+                )
         return merged
 
     def _apply_retention(self) -> None:
@@ -304,11 +352,14 @@ def _return_value(message: DoneMessage) -> Any:
     try:
         return message.return_value()
     except Exception as exc:  # noqa: BLE001 - e.g. its class is not importable here; the run itself finished
-        logger.warning("Rank 0's return value cannot be unpickled on the driver (%s: %s): Result.return_value is "
-                       "None. Return plain values (numbers, lists, dicts, tensors).", type(exc).__name__, exc)
+        logger.warning(
+            "Rank 0's return value cannot be unpickled on the driver (%s: %s): Result.return_value is "
+            "None. Return plain values (numbers, lists, dicts, tensors).",
+            type(exc).__name__,
+            exc,
+        )
         return None
 
 
 def _fmt_value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
-

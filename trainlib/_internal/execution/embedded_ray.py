@@ -43,10 +43,14 @@ from trainlib._internal.execution.agent_ports import ReservedAgentPorts, agent_p
 from trainlib._internal.execution.dashboard_agent import NO_METRICS_SYSTEM_CONFIG
 from trainlib._internal.execution.lazy_serializers import defer_serialization_addons
 from trainlib._internal.execution.ray_connect import probe_ray_address
-from trainlib._internal.execution.worker_preload import WORKER_PRELOAD_MODULES, preload_python_modules
 from trainlib._internal.execution.worker_logs import (
-    LogTail, SkippedLogMonitor, print_whole_lines, start_log_tail, without_log_monitor,
+    LogTail,
+    SkippedLogMonitor,
+    print_whole_lines,
+    start_log_tail,
+    without_log_monitor,
 )
+from trainlib._internal.execution.worker_preload import WORKER_PRELOAD_MODULES, preload_python_modules
 from trainlib._internal.util.patching import replaced_attribute
 
 logger = logging.getLogger("trainlib")
@@ -130,9 +134,13 @@ def init_lean_local_ray(preload: Sequence[str], **init_kwargs: Any) -> LeanStart
     # address="local": without it Ray joins the last cluster started on this machine
     # (/tmp/ray/ray_current_cluster), which may be someone else's.
     with lean_local_start() as lean:
-        ray.init(address="local", include_dashboard=False, log_to_driver=True,
-                 _system_config={**LEAN_SYSTEM_CONFIG, "preload_python_modules": preload_python_modules(preload)},
-                 **init_kwargs)
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            log_to_driver=True,
+            _system_config={**LEAN_SYSTEM_CONFIG, "preload_python_modules": preload_python_modules(preload)},
+            **init_kwargs,
+        )
     return lean
 
 
@@ -183,8 +191,7 @@ def lean_local_start() -> Iterator[LeanStart]:
     (``agent_ports.py``), runs no dashboard agent (``dashboard_agent.py``; pass
     :data:`LEAN_SYSTEM_CONFIG` to ``ray.init``) and starts the runtime-env agent on demand
     (``runtime_env_agent.py``). After the block, call :meth:`LeanStart.started` (or ``joined``)."""
-    with without_unused_daemons(), without_log_monitor() as log_monitor, \
-            agent_ports_given_to_raylet() as agent_ports:
+    with without_unused_daemons(), without_log_monitor() as log_monitor, agent_ports_given_to_raylet() as agent_ports:
         try:
             yield LeanStart(log_monitor=log_monitor, agent_ports=agent_ports)
         except BaseException:
@@ -215,9 +222,11 @@ def without_unused_daemons() -> Iterator[None]:
     except ImportError:
         yield
         return
-    with replaced_attribute(Node, "start_api_server", _without_dashboard_head), \
-            replaced_attribute(Node, "start_monitor", lambda original: _no_monitor), \
-            replaced_attribute(ray_utils, "get_dashboard_dependency_error", lambda original: dashboard_dependency_error):
+    with (
+        replaced_attribute(Node, "start_api_server", _without_dashboard_head),
+        replaced_attribute(Node, "start_monitor", lambda original: _no_monitor),
+        replaced_attribute(ray_utils, "get_dashboard_dependency_error", lambda original: dashboard_dependency_error),
+    ):
         yield
 
 
@@ -227,6 +236,7 @@ def _without_dashboard_head(original: Callable[..., None]) -> Callable[..., None
             original(self, include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
             return
         self._webui_url = None  # what a head node has before its dashboard starts: "no dashboard"
+
     return start_api_server
 
 

@@ -39,21 +39,31 @@ def worker_error(message: FailedMessage, plan: RankPlan | None) -> WorkerError:
 
 def straggler_error(running: list[int], done: list[int], waited: float, timeout_s: float) -> WorkerError:
     """The failure of ranks still running ``timeout_s`` after the others finished."""
-    return WorkerError(rank=running[0], cause=(
-        f"{ranks_text(running)} still running {waited:.0f} s after {ranks_text(done)} finished the training "
-        f"function (FailureConfig.straggler_timeout_s={timeout_s:g}): a rank may be stuck (in a "
-        "collective its peers never joined, a data loader, I/O), or the ranks run different numbers of steps. "
-        "Make every rank run the same loop, or raise straggler_timeout_s if the imbalance is expected."))
+    return WorkerError(
+        rank=running[0],
+        cause=(
+            f"{ranks_text(running)} still running {waited:.0f} s after {ranks_text(done)} finished the training "
+            f"function (FailureConfig.straggler_timeout_s={timeout_s:g}): a rank may be stuck (in a "
+            "collective its peers never joined, a data loader, I/O), or the ranks run different numbers of steps. "
+            "Make every rank run the same loop, or raise straggler_timeout_s if the imbalance is expected."
+        ),
+    )
 
 
 # Errors a rank gets because a peer died or failed (its collective lost the connection):
 # they are consequences, and the peer's own failure is the one to report.
-_PEER_LOST_SIGNS = ("connection reset by peer", "connection closed by peer", "broken pipe",
-                    "nccl communicator was aborted", "remote process exited")
+_PEER_LOST_SIGNS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "nccl communicator was aborted",
+    "remote process exited",
+)
 
 
 def root_cause(failures: list[WorkerError]) -> WorkerError:
     """The failure to report among those of one attempt: the first that is not a lost-peer echo."""
+
     def is_echo(failure: WorkerError) -> bool:
         return any(sign in failure.cause.lower() for sign in _PEER_LOST_SIGNS)
 

@@ -23,11 +23,14 @@ class GroupData:
         """One dict of ``DataIterator`` per rank: the datasets split anew for this group (its size)."""
         if not self.datasets:
             return [None] * len(actors)
-        datasets = {name: ds() if callable(ds) and not hasattr(ds, "streaming_split") else ds
-                    for name, ds in self.datasets.items()}
+        datasets = {
+            name: ds() if callable(ds) and not hasattr(ds, "streaming_split") else ds
+            for name, ds in self.datasets.items()
+        }
         warn_if_no_cpu_for_data(sorted(datasets))
-        return self.data_config.configure(datasets, world_size=len(actors), worker_handles=actors,
-                                          worker_node_ids=node_ids)
+        return self.data_config.configure(
+            datasets, world_size=len(actors), worker_handles=actors, worker_node_ids=node_ids
+        )
 
 
 def warn_if_no_cpu_for_data(names: list[str]) -> None:
@@ -45,5 +48,9 @@ def warn_if_no_cpu_for_data(names: list[str]) -> None:
             "and map tasks, which need 1 each: unless the dataset is materialized or a node joins, the shards "
             "will produce nothing and training will wait. Give each worker fewer CPUs "
             "(ScalingConfig(resources_per_worker={'CPU': ...})), fewer workers, or Ray more CPUs "
-            "(ray.init(num_cpus=...) or a bigger cluster).", ", ".join(repr(n) for n in names), total - free, total,
-            free)
+            "(ray.init(num_cpus=...) or a bigger cluster).",
+            ", ".join(repr(n) for n in names),
+            total - free,
+            total,
+            free,
+        )

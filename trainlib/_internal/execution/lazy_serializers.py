@@ -27,12 +27,21 @@ from __future__ import annotations
 import importlib.abc
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # What Ray 2.60's serialization_addons.apply calls; any other apply is left alone.
-KNOWN_APPLY_NAMES = frozenset({
-    "ray._common.pydantic_compat", "register_pydantic_serializers", "register_starlette_serializer", "sys",
-    "platform", "ray._private.arrow_serialization", "_register_custom_datasets_serializers"})
+KNOWN_APPLY_NAMES = frozenset(
+    {
+        "ray._common.pydantic_compat",
+        "register_pydantic_serializers",
+        "register_starlette_serializer",
+        "sys",
+        "platform",
+        "ray._private.arrow_serialization",
+        "_register_custom_datasets_serializers",
+    }
+)
 
 Registration = Callable[[Any], None]  # registers one library's serializers in a serialization context
 

@@ -18,7 +18,8 @@ import os
 import queue
 import socket
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from trainlib._internal.execution.controller import Controller
 from trainlib._internal.execution.messages import WorkerMessage, drained
@@ -110,9 +111,15 @@ class LocalOutcome:
     controller_error: BaseException | None = None  # storage, a lost lease, a callback
 
 
-def run_in_this_process(group: LocalWorkerGroup, run_controller: Callable[[], None], func: Callable[[], Any],
-                        backend: Any, use_gpu: bool, metadata: dict[str, Any] | None,
-                        dataset_shards: dict[str, Any] | None) -> LocalOutcome:
+def run_in_this_process(
+    group: LocalWorkerGroup,
+    run_controller: Callable[[], None],
+    func: Callable[[], Any],
+    backend: Any,
+    use_gpu: bool,
+    metadata: dict[str, Any] | None,
+    dataset_shards: dict[str, Any] | None,
+) -> LocalOutcome:
     """Run the controller in a helper thread and ``func`` here, as rank 0 of 1.
 
     The function's own exception, KeyboardInterrupt included, ends its session as a worker failure would; a
@@ -136,8 +143,9 @@ def run_in_this_process(group: LocalWorkerGroup, run_controller: Callable[[], No
     if attempt is None:  # the controller failed before the attempt (e.g. storage): nothing ran
         thread.join()
         return LocalOutcome(controller_error=controller_error[0] if controller_error else None)
-    info = WorkerInfo(world_rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
-                      gpu_index=0 if use_gpu else None)
+    info = WorkerInfo(
+        world_rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, gpu_index=0 if use_gpu else None
+    )
     session = WorkerSession(info, attempt, group.outbox, metadata=metadata, dataset_shards=dataset_shards)
     group.session = session
     if controller_error:  # it failed between handing over the attempt and the line above
@@ -158,35 +166,57 @@ def run_in_this_process(group: LocalWorkerGroup, run_controller: Callable[[], No
     return LocalOutcome(value, error, controller_error[0] if controller_error else None)
 
 
-def fit_in_this_process(trainer: "DataParallelTrainer", run: OpenedRun, run_info: RunInfo, lease: Any) -> Result:
+def fit_in_this_process(trainer: DataParallelTrainer, run: OpenedRun, run_info: RunInfo, lease: Any) -> Result:
     """``trainer.fit()`` in local mode, from its opened run: the function runs here, the controller commits."""
     rc = trainer.run_config
     if rc.failure_config.max_failures != 0:
-        logger.warning("ScalingConfig(num_workers=0) runs the function once, in this process, as Ray Train's local "
-                       "mode does: FailureConfig(max_failures=%d) has no effect. Use num_workers >= 1 for "
-                       "restarts.", rc.failure_config.max_failures)
+        logger.warning(
+            "ScalingConfig(num_workers=0) runs the function once, in this process, as Ray Train's local "
+            "mode does: FailureConfig(max_failures=%d) has no effect. Use num_workers >= 1 for "
+            "restarts.",
+            rc.failure_config.max_failures,
+        )
     group = LocalWorkerGroup()
     start_run(run, run_info, rc.callbacks)
     controller = Controller(
-        storage=run.storage, make_worker_group=lambda: group, checkpoint_config=rc.checkpoint_config,
+        storage=run.storage,
+        make_worker_group=lambda: group,
+        checkpoint_config=rc.checkpoint_config,
         failure_config=dataclasses.replace(rc.failure_config, max_failures=0, max_preemption_failures=0),
-        callbacks=rc.callbacks, run_info=run_info, start_checkpoint=trainer.resume_from_checkpoint,
-        metrics_rows=run.metrics_rows, committed=run.committed, verbose=rc.verbose, metadata=trainer.metadata,
+        callbacks=rc.callbacks,
+        run_info=run_info,
+        start_checkpoint=trainer.resume_from_checkpoint,
+        metrics_rows=run.metrics_rows,
+        committed=run.committed,
+        verbose=rc.verbose,
+        metadata=trainer.metadata,
         lease=lease,
     )
     # One rank reads each dataset whole (Ray Data starts Ray on first use, as it does in Ray Train's local mode).
-    shards = {name: (ds() if callable(ds) and not hasattr(ds, "streaming_split") else ds).iterator()
-              for name, ds in (trainer.datasets or {}).items()}
+    shards = {
+        name: (ds() if callable(ds) and not hasattr(ds, "streaming_split") else ds).iterator()
+        for name, ds in (trainer.datasets or {}).items()
+    }
     func = TrainFunction.in_process(trainer.train_loop_per_worker, trainer.train_loop_config)
     try:
         outcome = run_in_this_process(
-            group, controller.run, func, trainer.backend, trainer.scaling_config.use_gpu, trainer.metadata, shards or None)
+            group,
+            controller.run,
+            func,
+            trainer.backend,
+            trainer.scaling_config.use_gpu,
+            trainer.metadata,
+            shards or None,
+        )
     except BaseException as exc:  # Ctrl-C while the last reports were committed
         close_run(run, rc, run_info, controller, exc)
         raise
     error, controller_error = outcome.error, outcome.controller_error
-    if error is not None and error is not controller_error and (
-            controller_error is None or isinstance(controller_error, WorkerGroupError)):
+    if (
+        error is not None
+        and error is not controller_error
+        and (controller_error is None or isinstance(controller_error, WorkerGroupError))
+    ):
         close_run(run, rc, run_info, controller, error)
         raise error  # as the function raised it, as Ray Train's local mode does
     if controller_error is not None:

@@ -10,7 +10,7 @@ import dataclasses
 import enum
 import queue
 import traceback
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 
 class MessageKind(enum.Enum):
@@ -69,7 +69,7 @@ class FailedMessage:
     exception_payload: bytes | None = None  # cloudpickle of the exception, None when unpicklable
 
     @classmethod
-    def from_exception(cls, rank: int, exc: BaseException) -> "FailedMessage":
+    def from_exception(cls, rank: int, exc: BaseException) -> FailedMessage:
         from ray import cloudpickle
 
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -80,7 +80,7 @@ class FailedMessage:
         return cls(rank=rank, cause=f"{type(exc).__name__}: {exc}", traceback_text=text, exception_payload=payload)
 
 
-WorkerMessage = Union[ReportMessage, DoneMessage, FailedMessage]
+WorkerMessage = ReportMessage | DoneMessage | FailedMessage
 
 
 def is_last(message: WorkerMessage) -> bool:
@@ -88,7 +88,7 @@ def is_last(message: WorkerMessage) -> bool:
     return message.kind is not MessageKind.REPORT
 
 
-def drained(outbox: "queue.Queue[Any]", messages: list[Any]) -> list[Any]:
+def drained(outbox: queue.Queue[Any], messages: list[Any]) -> list[Any]:
     """``messages`` and then everything queued in ``outbox`` now, in order (a rank's outbox, either side)."""
     while True:
         try:

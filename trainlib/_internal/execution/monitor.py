@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainlib._internal import tunables
-from trainlib.scaling import ScalingConfig
 from trainlib.errors import WorkerError
 from trainlib.preemption import PreemptionInfo
+from trainlib.scaling import ScalingConfig
 
 logger = logging.getLogger("trainlib")
 
@@ -25,8 +26,12 @@ logger = logging.getLogger("trainlib")
 class ScalingPolicy:
     """How many workers the next attempt gets, and when a running group should grow."""
 
-    def __init__(self, scaling: ScalingConfig, available_workers: Callable[[ScalingConfig], int],
-                 settle_s: float = tunables.ELASTIC_SETTLE_S):
+    def __init__(
+        self,
+        scaling: ScalingConfig,
+        available_workers: Callable[[ScalingConfig], int],
+        settle_s: float = tunables.ELASTIC_SETTLE_S,
+    ):
         self.scaling = scaling
         self._available = available_workers
         self._settle_s = settle_s
@@ -49,8 +54,12 @@ class ScalingPolicy:
             time.sleep(0.25)
             fits = max(fits, self._available(self.scaling))
         chosen = max(self.scaling.min_workers, min(self.scaling.max_workers, fits))
-        logger.info("Elastic run: %d worker(s) fit now; starting %d (ScalingConfig.num_workers=%s).", fits, chosen,
-                    self.scaling.num_workers)
+        logger.info(
+            "Elastic run: %d worker(s) fit now; starting %d (ScalingConfig.num_workers=%s).",
+            fits,
+            chosen,
+            self.scaling.num_workers,
+        )
         self._last_check = time.monotonic()
         return chosen
 
@@ -68,8 +77,12 @@ class ScalingPolicy:
         extra = self._available(self.scaling)  # free now, beside what the running group holds
         if extra >= 1:
             self._target = min(self.scaling.max_workers, world_size + extra)
-            logger.warning("Elastic run: room for %d more worker(s) appeared; restarting the group with %d from "
-                           "the latest checkpoint.", extra, self._target)
+            logger.warning(
+                "Elastic run: room for %d more worker(s) appeared; restarting the group with %d from "
+                "the latest checkpoint.",
+                extra,
+                self._target,
+            )
             return True
         return False
 
@@ -111,8 +124,12 @@ class PreemptionWatcher:
             deadline_ms=min(deadlines) if deadlines else None,
             preempted_node_to_ranks={n: [r for r, node in enumerate(node_ids) if node == n] for n in draining},
         )
-        logger.warning("Ray is draining node(s) %s of this run (preemption, ranks %s); the workers are told "
-                       "(trainlib.get_preemption_info()).", info.preempted_node_ids, info.preempted_ranks)
+        logger.warning(
+            "Ray is draining node(s) %s of this run (preemption, ranks %s); the workers are told "
+            "(trainlib.get_preemption_info()).",
+            info.preempted_node_ids,
+            info.preempted_ranks,
+        )
         group.notify_preemption(info)
         self._told = info
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ray import cloudpickle  # the pickler of train_fn.py
 
@@ -21,9 +22,9 @@ from trainlib.callbacks import Callback, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import RunConfig
 from trainlib.data import DataConfig
-from trainlib.scaling import ScalingConfig
 from trainlib.errors import RunExistsError
 from trainlib.result import Result
+from trainlib.scaling import ScalingConfig
 
 if TYPE_CHECKING:
     from trainlib._internal.execution.controller import Controller
@@ -48,7 +49,9 @@ class RestoreExtras:
 class SavedTrainer:
     """The trainer that ``fit()`` stored in a run folder (:data:`TRAINER_FILE`), as ``restore`` reads it."""
 
-    train_loop_per_worker: Callable[..., Any] | None  # None: a local-mode run whose function or config could not be pickled
+    train_loop_per_worker: (
+        Callable[..., Any] | None
+    )  # None: a local-mode run whose function or config could not be pickled
     train_loop_config: dict | None
     scaling_config: ScalingConfig
     extras: RestoreExtras
@@ -60,8 +63,11 @@ class SavedTrainer:
             func, config = saved["train_fn"].unpack() if saved["train_fn"] is not None else (None, None)
         else:  # a run folder written before the function was bound once
             func, config = saved["train_loop_per_worker"], saved["train_loop_config"]
-        extras = RestoreExtras(dataset_config=saved.get("dataset_config"),
-                               dataset_names=tuple(saved.get("dataset_names") or ()), metadata=saved.get("metadata"))
+        extras = RestoreExtras(
+            dataset_config=saved.get("dataset_config"),
+            dataset_names=tuple(saved.get("dataset_names") or ()),
+            metadata=saved.get("metadata"),
+        )
         return cls(func, config, saved["scaling_config"], extras)
 
 
@@ -87,9 +93,17 @@ def run_storage(run_config: RunConfig, name: str) -> RunStorage:
     return RunStorage(fs, root, name, shared=declares_shared(rc.storage_path))
 
 
-def open_run(run_config: RunConfig, name: str, *, restoring: bool, train_fn: TrainFunction | None,
-             train_loop_config: dict | None, scaling_config: ScalingConfig,
-             storage: RunStorage | None = None, extras: RestoreExtras | None = None) -> OpenedRun:
+def open_run(
+    run_config: RunConfig,
+    name: str,
+    *,
+    restoring: bool,
+    train_fn: TrainFunction | None,
+    train_loop_config: dict | None,
+    scaling_config: ScalingConfig,
+    storage: RunStorage | None = None,
+    extras: RestoreExtras | None = None,
+) -> OpenedRun:
     """Create the run folder, or resume or overwrite the one there per ``RunConfig.if_exists``.
 
     ``fit()`` passes the ``storage`` whose lease it holds, so no other driver changes the folder meanwhile.
@@ -99,13 +113,17 @@ def open_run(run_config: RunConfig, name: str, *, restoring: bool, train_fn: Tra
     if storage.exists():
         previous = RunRecord.load(storage)
         status = previous.status.value
-        if rc.if_exists == "error" or (previous.status is RunStatus.FINISHED and not restoring
-                                       and rc.if_exists != "overwrite"):
+        if rc.if_exists == "error" or (
+            previous.status is RunStatus.FINISHED and not restoring and rc.if_exists != "overwrite"
+        ):
             raise RunExistsError(
                 f"A run named {name!r} ({status}) already exists at {storage.uri()}. Pick another "
                 "RunConfig.name, or pass RunConfig(if_exists='overwrite') to delete it and start over"
-                + (", or continue it with TorchTrainer.restore(path)." if previous.status is RunStatus.FINISHED
-                   else ", or RunConfig(if_exists='resume') to continue it from its latest checkpoint.")
+                + (
+                    ", or continue it with TorchTrainer.restore(path)."
+                    if previous.status is RunStatus.FINISHED
+                    else ", or RunConfig(if_exists='resume') to continue it from its latest checkpoint."
+                )
             )
         if rc.if_exists == "overwrite":
             logger.warning("Deleting the existing run %s (RunConfig.if_exists='overwrite')", storage.uri())
@@ -113,17 +131,25 @@ def open_run(run_config: RunConfig, name: str, *, restoring: bool, train_fn: Tra
         else:
             storage.remove_uncommitted()
             committed = storage.committed_checkpoints()
-            logger.warning("Run %r exists (%s) at %s: resuming it from %s (RunConfig.if_exists='resume').",
-                           name, status, storage.uri(),
-                           committed[-1].path if committed else "the start (it has no committed checkpoint)")
+            logger.warning(
+                "Run %r exists (%s) at %s: resuming it from %s (RunConfig.if_exists='resume').",
+                name,
+                status,
+                storage.uri(),
+                committed[-1].path if committed else "the start (it has no committed checkpoint)",
+            )
             previous.resumed += 1
             rows = storage.read_metrics_log()
             storage.repair_metrics_log(rows)  # a crash may have torn its last line
             return OpenedRun(storage, previous, committed, rows)
     record = RunRecord(
-        name=name, storage_path=storage.uri(storage.root), trainlib_version=trainlib_version(),
-        train_loop_config=train_loop_config, scaling_config=public_fields(scaling_config),
-        checkpoint_config=public_fields(rc.checkpoint_config), failure_config=public_fields(rc.failure_config),
+        name=name,
+        storage_path=storage.uri(storage.root),
+        trainlib_version=trainlib_version(),
+        train_loop_config=train_loop_config,
+        scaling_config=public_fields(scaling_config),
+        checkpoint_config=public_fields(rc.checkpoint_config),
+        failure_config=public_fields(rc.failure_config),
     )
     saved = {"train_fn": train_fn, "scaling_config": scaling_config, **public_fields(extras or RestoreExtras())}
     storage.write_bytes_atomic(storage.join(TRAINER_FILE), cloudpickle.dumps(saved))
@@ -141,8 +167,9 @@ def start_run(run: OpenedRun, run_info: RunInfo, callbacks: list[Callback]) -> N
     run.record.save(run.storage)
 
 
-def close_run(run: OpenedRun, run_config: RunConfig, run_info: RunInfo, controller: "Controller",
-              error: BaseException | None) -> Result:
+def close_run(
+    run: OpenedRun, run_config: RunConfig, run_info: RunInfo, controller: Controller, error: BaseException | None
+) -> Result:
     """Record how the run ended, read its ``Result`` back and tell the callbacks."""
     storage, record = run.storage, run.record
     record.status = RunStatus.FINISHED if error is None else RunStatus.FAILED
@@ -158,9 +185,12 @@ def close_run(run: OpenedRun, run_config: RunConfig, run_info: RunInfo, controll
             raise
         logger.warning("Could not record the run's FAILED state: %s", exc)
     try:
-        result = Result.from_storage(storage, run_config.checkpoint_config,
-                                     error if isinstance(error, Exception) else None,
-                                     filesystem=run_config.storage_filesystem)
+        result = Result.from_storage(
+            storage,
+            run_config.checkpoint_config,
+            error if isinstance(error, Exception) else None,
+            filesystem=run_config.storage_filesystem,
+        )
     except Exception as exc:  # noqa: BLE001 - after a failure, storage may be what failed
         if error is None:
             raise
@@ -182,18 +212,23 @@ def close_run(run: OpenedRun, run_config: RunConfig, run_info: RunInfo, controll
         except Exception as exc:  # noqa: BLE001 - the run's outcome is recorded already
             logger.warning("Could not save the callbacks' state in the run record: %s", exc)
     if error is None and run_config.verbose:
-        logger.info("Run %s finished: %d report(s), latest checkpoint %s", storage.name,
-                    len(controller.metrics_rows), result.checkpoint.uri if result.checkpoint else None)
+        logger.info(
+            "Run %s finished: %d report(s), latest checkpoint %s",
+            storage.name,
+            len(controller.metrics_rows),
+            result.checkpoint.uri if result.checkpoint else None,
+        )
     return result
 
 
-def _drop_resume_checkpoint(run_config: RunConfig, controller: "Controller") -> None:
+def _drop_resume_checkpoint(run_config: RunConfig, controller: Controller) -> None:
     """A finished run needs no checkpoint to resume from: keep exactly the ``num_to_keep`` best."""
     for doomed in checkpoints_to_delete(controller.committed, run_config.checkpoint_config, keep_latest=False):
         controller.storage.delete_checkpoint(doomed.path)
         controller.committed.remove(doomed)
-        controller._notify("after_checkpoint_deleted", controller.run_info,
-                           Checkpoint(doomed.path, controller.storage.fs))
+        controller._notify(
+            "after_checkpoint_deleted", controller.run_info, Checkpoint(doomed.path, controller.storage.fs)
+        )
 
 
 def _save_callback_states(record: RunRecord, callbacks: list[Callback]) -> bool:

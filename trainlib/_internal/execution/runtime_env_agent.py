@@ -38,7 +38,7 @@ def with_agent_on_demand(raylet_command: list[str]) -> list[str]:
     for arg in raylet_command:
         if arg.startswith(AGENT_COMMAND_FLAG) and ON_DEMAND not in arg:
             # Ray writes the value with list2cmdline and the raylet splits it as a POSIX shell would.
-            agent = shlex.split(arg[len(AGENT_COMMAND_FLAG):])
+            agent = shlex.split(arg[len(AGENT_COMMAND_FLAG) :])
             arg = AGENT_COMMAND_FLAG + subprocess.list2cmdline(on_demand_command(agent))
         edited.append(arg)
     return edited

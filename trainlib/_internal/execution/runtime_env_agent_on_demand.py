@@ -32,7 +32,7 @@ CHUNK = 1 << 16
 def flag_value(command, flag):
     for arg in command:
         if arg.startswith(flag):
-            return arg[len(flag):]
+            return arg[len(flag) :]
     raise SystemExit(f"runtime_env_agent_on_demand: the agent's command has no {flag}...: {command}")
 
 

@@ -17,7 +17,8 @@ import queue
 import shutil
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainlib._internal import metrics as metric_values
 from trainlib._internal import tunables
@@ -59,8 +60,14 @@ class _PendingReport:
 class WorkerSession:
     """One worker's session: the state behind the public worker-side functions."""
 
-    def __init__(self, info: WorkerInfo, attempt: AttemptSpec, outbox: "queue.Queue[WorkerMessage]",
-                 metadata: dict[str, Any] | None = None, dataset_shards: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        info: WorkerInfo,
+        attempt: AttemptSpec,
+        outbox: queue.Queue[WorkerMessage],
+        metadata: dict[str, Any] | None = None,
+        dataset_shards: dict[str, Any] | None = None,
+    ):
         self.info = info
         self.attempt = attempt
         self.storage = attempt.storage
@@ -77,15 +84,19 @@ class WorkerSession:
         self._dir_names: set[str] = set()  # the checkpoint_dir_names this rank copied into
         # Only remote storage stages checkpoints (report() copies straight into local storage): a folder made for
         # nothing would outlive a killed worker, and the driver recovers staged files for remote storage only.
-        self._staging_root = None if self.storage.is_local else staging.make_staging_root(
-            info.world_rank, self.storage.run_path, attempt.attempt)
+        self._staging_root = (
+            None
+            if self.storage.is_local
+            else staging.make_staging_root(info.world_rank, self.storage.run_path, attempt.attempt)
+        )
         self._uploader = threading.Thread(target=self._upload_loop, name="trainlib-uploader", daemon=True)
         self._uploader.start()
 
     # -- called from the training thread ---------------------------------------
 
-    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, options: ReportOptions | None = None
-               ) -> None:
+    def report(
+        self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None, options: ReportOptions | None = None
+    ) -> None:
         if self.abort is not None:
             raise self.abort
         # A flush after another rank failed waits for a report() under way too (copying its checkpoint): every
@@ -123,21 +134,26 @@ class WorkerSession:
         if options.dir_name is not None:
             self._check_new_folder(dir_name)
         pending.placement = CheckpointPlacement(dir_name, in_place=options.upload_fn is not None)
-        delete = options.delete_local if options.delete_local is not None else \
-            mode.default_delete_local_checkpoint_after_upload()
+        delete = (
+            options.delete_local
+            if options.delete_local is not None
+            else mode.default_delete_local_checkpoint_after_upload()
+        )
 
         def upload() -> dict[str, int]:
             if options.upload_fn is not None:
                 persisted = options.upload_fn(checkpoint, dir_name)
                 if not isinstance(persisted, Checkpoint):
-                    raise ValueError(f"checkpoint_upload_fn must return a trainlib.Checkpoint, got "
-                                     f"{type(persisted).__name__}.")
+                    raise ValueError(
+                        f"checkpoint_upload_fn must return a trainlib.Checkpoint, got {type(persisted).__name__}."
+                    )
                 pending.placement = CheckpointPlacement(self._folder_in_run(persisted), in_place=True)
                 manifest = {}
             else:
                 try:
-                    manifest = self._copy_checkpoint_files(checkpoint,
-                                                           self.storage.checkpoint_path(pending.step, dir_name))
+                    manifest = self._copy_checkpoint_files(
+                        checkpoint, self.storage.checkpoint_path(pending.step, dir_name)
+                    )
                 except FileNotFoundError as exc:
                     raise FileNotFoundError(
                         f"{exc}: the checkpoint folder {checkpoint.path} changed before it was copied. With "
@@ -169,7 +185,8 @@ class WorkerSession:
             raise ValueError(
                 f"trainlib.report(checkpoint_dir_name={dir_name!r}): that folder already holds a checkpoint of an "
                 "earlier report, which copying into it would overwrite. Give each report its own folder name, e.g. "
-                f"f\"{dir_name}_{{epoch}}\" (as in Ray Train, the name must be unique per report).")
+                f'f"{dir_name}_{{epoch}}" (as in Ray Train, the name must be unique per report).'
+            )
 
     def _folder_in_run(self, checkpoint: Checkpoint) -> str:
         """The name of ``checkpoint``'s folder, which must be a folder of the run's folder in run storage."""
@@ -248,12 +265,20 @@ class WorkerSession:
                 if item.staged_dir is not None:
                     dest = self.storage.checkpoint_path(item.step, item.placement.dir_name if item.placement else None)
                     manifest = self.storage.upload_directory(item.staged_dir, dest)
-                    staging.write_record(item.staged_dir, item.step, item.metrics, item.reported_at, item.placement,
-                                         manifest)
+                    staging.write_record(
+                        item.staged_dir, item.step, item.metrics, item.reported_at, item.placement, manifest
+                    )
                     shutil.rmtree(item.staged_dir, ignore_errors=True)
-                self.outbox.put(ReportMessage(rank=self.info.world_rank, step=item.step, metrics=item.metrics,
-                                              manifest=manifest, reported_at=item.reported_at,
-                                              placement=item.placement))
+                self.outbox.put(
+                    ReportMessage(
+                        rank=self.info.world_rank,
+                        step=item.step,
+                        metrics=item.metrics,
+                        manifest=manifest,
+                        reported_at=item.reported_at,
+                        placement=item.placement,
+                    )
+                )
             except BaseException as exc:  # noqa: BLE001 - an upload failure fails this worker
                 failed = True
                 self.outbox.put(FailedMessage.from_exception(self.info.world_rank, exc))
@@ -274,7 +299,10 @@ def _pickled_return_value(value: Any) -> bytes | None:
         logging.getLogger("trainlib").warning(
             "The training function returned a %s, which cannot be pickled (%s: %s): Result.return_value is None. "
             "Return a picklable value, e.g. plain numbers, lists, dicts or a model's state_dict().",
-            type(value).__name__, type(exc).__name__, exc)
+            type(value).__name__,
+            type(exc).__name__,
+            exc,
+        )
         return None
 
 

@@ -43,8 +43,8 @@ class AttemptSpec:
     """One attempt of the run, the same for every rank. Built by the controller."""
 
     attempt: int  # 0 for the first; one more per restart and per resume of the run
-    storage: "RunStorage"
-    checkpoint: "Checkpoint | None"  # what ``get_checkpoint()`` returns
+    storage: RunStorage
+    checkpoint: Checkpoint | None  # what ``get_checkpoint()`` returns
     first_step: int  # the step number of the attempt's first report
 
     @property

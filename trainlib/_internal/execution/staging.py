@@ -59,8 +59,14 @@ def stage_checkpoint(checkpoint: Checkpoint, staged_dir: str) -> None:
         shutil.copyfile(item.local_path, dest)
 
 
-def write_record(staged_dir: str, step: int, metrics: dict[str, Any], reported_at: float,
-                 placement: CheckpointPlacement | None, manifest: dict[str, int] | None = None) -> None:
+def write_record(
+    staged_dir: str,
+    step: int,
+    metrics: dict[str, Any],
+    reported_at: float,
+    placement: CheckpointPlacement | None,
+    manifest: dict[str, int] | None = None,
+) -> None:
     """Record a staged step (after its files), or, with ``manifest``, that its upload is done.
 
     ``placement`` is kept so that a recovery uploads into the folder the other ranks use for
@@ -69,8 +75,16 @@ def write_record(staged_dir: str, step: int, metrics: dict[str, Any], reported_a
     path = f"{staged_dir}.json"
     tmp = f"{path}.new"
     with open(tmp, "w") as f:
-        json.dump({"step": step, "metrics": metrics, "reported_at": reported_at, "manifest": manifest,
-                   "placement": dataclasses.asdict(placement) if placement is not None else None}, f)
+        json.dump(
+            {
+                "step": step,
+                "metrics": metrics,
+                "reported_at": reported_at,
+                "manifest": manifest,
+                "placement": dataclasses.asdict(placement) if placement is not None else None,
+            },
+            f,
+        )
     os.replace(tmp, path)
 
 
@@ -95,8 +109,16 @@ def finish_staged_uploads(storage: RunStorage, rank: int, pid: int, attempt: int
             if manifest is None and os.path.isdir(staged_dir):
                 dest = storage.checkpoint_path(record["step"], placement.dir_name if placement else None)
                 manifest = storage.upload_directory(staged_dir, dest)
-            messages.append(ReportMessage(rank=rank, step=record["step"], metrics=record["metrics"], manifest=manifest,
-                                          reported_at=record["reported_at"], placement=placement))
+            messages.append(
+                ReportMessage(
+                    rank=rank,
+                    step=record["step"],
+                    metrics=record["metrics"],
+                    manifest=manifest,
+                    reported_at=record["reported_at"],
+                    placement=placement,
+                )
+            )
         shutil.rmtree(root, ignore_errors=True)
     return messages
 

@@ -13,7 +13,8 @@ import dataclasses
 import inspect
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # Ray's copy of cloudpickle, as Ray Train's: it keeps the function's file name, so a worker's traceback shows the
 # user's file and line (upstream cloudpickle 3.1 writes "<dynamic-code>"), and modules a user registered with
@@ -32,7 +33,7 @@ class TrainFunction:
     user_modules: tuple[str, ...] = ()  # the user's own modules it needs (see user_code), probed on each node
 
     @classmethod
-    def bind(cls, func: Callable, config: dict | None) -> "TrainFunction":
+    def bind(cls, func: Callable, config: dict | None) -> TrainFunction:
         """Check ``func`` against ``config`` and pickle them; TypeError naming the culprit and the fix."""
         if config is not None and not isinstance(config, dict):
             raise TypeError(
@@ -45,10 +46,9 @@ class TrainFunction:
             payload = cloudpickle.dumps((func, config, call_config))
         except Exception as exc:  # noqa: BLE001 - narrowed to the culprit
             raise _unpicklable(func, config, exc) from None
-        return cls(payload=payload, driver_sys_path=tuple(sys.path),
-                   user_modules=tuple(user_code.user_modules(func)))
+        return cls(payload=payload, driver_sys_path=tuple(sys.path), user_modules=tuple(user_code.user_modules(func)))
 
-    def by_value(self, modules: list[str]) -> "TrainFunction":
+    def by_value(self, modules: list[str]) -> TrainFunction:
         """The same function pickled with ``modules`` by value, for nodes that cannot import them (driver)."""
         return dataclasses.replace(self, payload=user_code.dumps_for_workers(cloudpickle.loads(self.payload), modules))
 

@@ -10,11 +10,12 @@ import datetime
 import logging
 import os
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainlib._internal.execution.controller import Controller
 from trainlib._internal.execution.embedded_ray import ensure_ray, note_fit_ended
-from trainlib._internal.execution.worker_preload import WORKER_MODULE
+from trainlib._internal.execution.group_data import GroupData
 from trainlib._internal.execution.local_mode import check_not_under_torchrun, fit_in_this_process
 from trainlib._internal.execution.monitor import ScalingPolicy
 from trainlib._internal.execution.placement import available_workers
@@ -28,10 +29,10 @@ from trainlib._internal.execution.run import (
     start_run,
 )
 from trainlib._internal.execution.train_fn import TrainFunction, UnpicklableError
-from trainlib._internal.execution.worker import WorkerBackend
 from trainlib._internal.execution.validation import check_metadata
-from trainlib._internal.execution.group_data import GroupData
+from trainlib._internal.execution.worker import WorkerBackend
 from trainlib._internal.execution.worker_group import RayWorkerGroup
+from trainlib._internal.execution.worker_preload import WORKER_MODULE
 from trainlib._internal.storage.lease import RunLease
 from trainlib._internal.storage.run_record import RunRecord
 from trainlib._internal.storage.run_storage import RunStorage
@@ -39,10 +40,10 @@ from trainlib._internal.util.filesystem import resolve_filesystem
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig, FailureConfig, RunConfig
-from trainlib.scaling import ScalingConfig
 from trainlib.data import DataConfig, check_datasets
 from trainlib.errors import ControllerError, StorageError, TrainlibError
 from trainlib.result import Result
+from trainlib.scaling import ScalingConfig
 
 logger = logging.getLogger("trainlib")
 
@@ -71,11 +72,19 @@ class DataParallelTrainer:
         >>> result = trainlib.DataParallelTrainer(train_func, scaling_config=ScalingConfig(num_workers=4)).fit()
     """
 
-    def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: dict | None = None,
-                 scaling_config: ScalingConfig | None = None, run_config: RunConfig | None = None,
-                 datasets: dict[str, Any] | None = None, dataset_config: DataConfig | None = None,
-                 resume_from_checkpoint: Checkpoint | None = None, metadata: dict[str, Any] | None = None,
-                 backend: WorkerBackend | None = None):
+    def __init__(
+        self,
+        train_loop_per_worker: Callable,
+        *,
+        train_loop_config: dict | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+        datasets: dict[str, Any] | None = None,
+        dataset_config: DataConfig | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
+        metadata: dict[str, Any] | None = None,
+        backend: WorkerBackend | None = None,
+    ):
         # Checked, bound to its config and pickled once, here; shipped to the workers as these bytes. Local mode
         # sends nothing: as in Ray Train, it runs a function that cannot be pickled (restore() then needs it again).
         try:
@@ -90,7 +99,7 @@ class DataParallelTrainer:
             raise TypeError("run_config must be a trainlib.RunConfig.")
         if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, Checkpoint):
             raise TypeError("resume_from_checkpoint must be a trainlib.Checkpoint (e.g. result.checkpoint).")
-        for callback in (run_config.callbacks if run_config else []):
+        for callback in run_config.callbacks if run_config else []:
             if not isinstance(callback, Callback):
                 raise TypeError(
                     f"RunConfig.callbacks holds {type(callback).__name__}, which is not a trainlib.Callback: "
@@ -145,19 +154,44 @@ class DataParallelTrainer:
     def _fit(self, storage: RunStorage, lease: RunLease) -> Result:
         rc = self.run_config
         recorded_config = self._recorded_config()
-        run = open_run(rc, storage.name, restoring=self._restoring, train_fn=self._train_fn,
-                       train_loop_config=recorded_config, scaling_config=self.scaling_config, storage=storage,
-                       extras=RestoreExtras(dataset_config=self.dataset_config,
-                                            dataset_names=tuple(sorted(self.datasets or {})), metadata=self.metadata))
-        start_from = storage.uri(run.committed[-1].path) if run.committed else (
-            self.resume_from_checkpoint.uri if self.resume_from_checkpoint else None)
+        run = open_run(
+            rc,
+            storage.name,
+            restoring=self._restoring,
+            train_fn=self._train_fn,
+            train_loop_config=recorded_config,
+            scaling_config=self.scaling_config,
+            storage=storage,
+            extras=RestoreExtras(
+                dataset_config=self.dataset_config,
+                dataset_names=tuple(sorted(self.datasets or {})),
+                metadata=self.metadata,
+            ),
+        )
+        start_from = (
+            storage.uri(run.committed[-1].path)
+            if run.committed
+            else (self.resume_from_checkpoint.uri if self.resume_from_checkpoint else None)
+        )
         run_info = RunInfo(
-            name=storage.name, path=storage.uri(), world_size=max(1, self.scaling_config.max_workers),
-            use_gpu=self.scaling_config.use_gpu, train_loop_config=recorded_config,
-            scaling_config=run.record.scaling_config, resumed_from=start_from, record=run.record,
-            earlier_reports=tuple(ReportRecord(step=row["step"], metrics=row["metrics"], checkpoint=None,
-                                               attempt=row.get("attempt", 0), reported_at=row.get("time", 0.0))
-                                  for row in run.metrics_rows),
+            name=storage.name,
+            path=storage.uri(),
+            world_size=max(1, self.scaling_config.max_workers),
+            use_gpu=self.scaling_config.use_gpu,
+            train_loop_config=recorded_config,
+            scaling_config=run.record.scaling_config,
+            resumed_from=start_from,
+            record=run.record,
+            earlier_reports=tuple(
+                ReportRecord(
+                    step=row["step"],
+                    metrics=row["metrics"],
+                    checkpoint=None,
+                    attempt=row.get("attempt", 0),
+                    reported_at=row.get("time", 0.0),
+                )
+                for row in run.metrics_rows
+            ),
         )
         if self.scaling_config.local_mode:
             return fit_in_this_process(self, run, run_info, lease)
@@ -169,8 +203,15 @@ class DataParallelTrainer:
         train_fn_ref = ray.put(self._train_fn) if ray.is_initialized() else None
 
         def new_group() -> RayWorkerGroup:
-            return RayWorkerGroup(self.scaling_config, self.backend, train_fn_ref, policy.num_workers(), data,
-                                  self._train_fn, runtime_env=rc.worker_runtime_env)
+            return RayWorkerGroup(
+                self.scaling_config,
+                self.backend,
+                train_fn_ref,
+                policy.num_workers(),
+                data,
+                self._train_fn,
+                runtime_env=rc.worker_runtime_env,
+            )
 
         # Ray already up (a cluster, the pipeline's task runner, an earlier fit()): the first attempt's workers
         # start, and import their framework, while the callbacks' before_run runs (MLflow's: 1-3 s).
@@ -184,10 +225,18 @@ class DataParallelTrainer:
             if start_from:
                 logger.info("Run %s resumes from %s", storage.name, start_from)
             controller = Controller(
-                storage=storage, make_worker_group=lambda: early.pop() if early else new_group(),
-                checkpoint_config=rc.checkpoint_config, failure_config=rc.failure_config, callbacks=rc.callbacks,
-                run_info=run_info, start_checkpoint=self.resume_from_checkpoint, metrics_rows=run.metrics_rows,
-                committed=run.committed, verbose=rc.verbose, scaling_policy=policy, metadata=self.metadata,
+                storage=storage,
+                make_worker_group=lambda: early.pop() if early else new_group(),
+                checkpoint_config=rc.checkpoint_config,
+                failure_config=rc.failure_config,
+                callbacks=rc.callbacks,
+                run_info=run_info,
+                start_checkpoint=self.resume_from_checkpoint,
+                metrics_rows=run.metrics_rows,
+                committed=run.committed,
+                verbose=rc.verbose,
+                scaling_policy=policy,
+                metadata=self.metadata,
                 lease=lease,
             )
         except BaseException:  # the run stopped before its first attempt (before_run raised): nothing may keep running
@@ -228,11 +277,19 @@ class DataParallelTrainer:
         return [group]
 
     @classmethod
-    def restore(cls, path: str | os.PathLike, *, train_loop_per_worker: Callable | None = None,
-                train_loop_config: dict | None = None, scaling_config: ScalingConfig | None = None,
-                datasets: dict[str, Any] | None = None, storage_filesystem: Any = None,
-                storage_options: dict | None = None, callbacks: list[Callback] | None = None,
-                worker_runtime_env: dict | None = None) -> "DataParallelTrainer":
+    def restore(
+        cls,
+        path: str | os.PathLike,
+        *,
+        train_loop_per_worker: Callable | None = None,
+        train_loop_config: dict | None = None,
+        scaling_config: ScalingConfig | None = None,
+        datasets: dict[str, Any] | None = None,
+        storage_filesystem: Any = None,
+        storage_options: dict | None = None,
+        callbacks: list[Callback] | None = None,
+        worker_runtime_env: dict | None = None,
+    ) -> DataParallelTrainer:
         """A trainer that continues the run at ``path`` from its latest committed checkpoint.
 
         The training function, config, scaling, dataset config and metadata come
@@ -240,37 +297,48 @@ class DataParallelTrainer:
         (it may hold secrets) are not stored: pass them again. Works for unfinished,
         failed and finished runs.
         """
-        storage = RunStorage.open_existing(path, storage_filesystem, storage_options,
-                                           caller=f"{cls.__name__}.restore")
+        storage = RunStorage.open_existing(path, storage_filesystem, storage_options, caller=f"{cls.__name__}.restore")
         saved = SavedTrainer.load(storage)
         if saved.train_loop_per_worker is None and train_loop_per_worker is None:
-            raise ValueError(f"{cls.__name__}.restore({os.fspath(path)!r}): the run ran in local mode with a training "
-                             "function or config that cannot be pickled, so neither was stored: pass them again, "
-                             "restore(path, train_loop_per_worker=train_func, train_loop_config={...}).")
+            raise ValueError(
+                f"{cls.__name__}.restore({os.fspath(path)!r}): the run ran in local mode with a training "
+                "function or config that cannot be pickled, so neither was stored: pass them again, "
+                "restore(path, train_loop_per_worker=train_func, train_loop_config={...})."
+            )
         record = RunRecord.load(storage)
         run_config = RunConfig(
-            name=storage.name, storage_path=os.fspath(path).rstrip("/").rsplit("/", 1)[0],
-            storage_filesystem=storage_filesystem, storage_options=storage_options, callbacks=callbacks,
+            name=storage.name,
+            storage_path=os.fspath(path).rstrip("/").rsplit("/", 1)[0],
+            storage_filesystem=storage_filesystem,
+            storage_options=storage_options,
+            callbacks=callbacks,
             checkpoint_config=CheckpointConfig(**record.checkpoint_config),
-            failure_config=FailureConfig(**record.failure_config), if_exists="resume",
+            failure_config=FailureConfig(**record.failure_config),
+            if_exists="resume",
             worker_runtime_env=worker_runtime_env,
         )
         missing = sorted(set(saved.extras.dataset_names) - set(datasets or {}))
         if missing:
-            raise ValueError(f"{cls.__name__}.restore({os.fspath(path)!r}): the run trained on datasets {missing}; "
-                             "pass them again: restore(path, datasets={...}).")
+            raise ValueError(
+                f"{cls.__name__}.restore({os.fspath(path)!r}): the run trained on datasets {missing}; "
+                "pass them again: restore(path, datasets={...})."
+            )
         trainer = cls(
             train_loop_per_worker or saved.train_loop_per_worker,
             train_loop_config=train_loop_config if train_loop_config is not None else saved.train_loop_config,
-            scaling_config=scaling_config or saved.scaling_config, run_config=run_config, datasets=datasets,
-            dataset_config=saved.extras.dataset_config, metadata=saved.extras.metadata,
+            scaling_config=scaling_config or saved.scaling_config,
+            run_config=run_config,
+            datasets=datasets,
+            dataset_config=saved.extras.dataset_config,
+            metadata=saved.extras.metadata,
         )
         trainer._restoring = True
         return trainer
 
     @classmethod
-    def can_restore(cls, path: str | os.PathLike, storage_filesystem: Any = None,
-                    storage_options: dict | None = None) -> bool:
+    def can_restore(
+        cls, path: str | os.PathLike, storage_filesystem: Any = None, storage_options: dict | None = None
+    ) -> bool:
         """Whether ``path`` holds a run that :meth:`restore` can continue."""
         fs, inner = resolve_filesystem(path, storage_filesystem, storage_options)
         return fs.exists(inner.rstrip("/") + "/" + TRAINER_FILE)

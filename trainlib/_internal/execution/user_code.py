@@ -19,7 +19,8 @@ import sys
 import sysconfig
 import threading
 import types
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ray import cloudpickle  # the pickler of train_fn.py: by-value registrations must go to its registry
 
@@ -113,5 +114,7 @@ def dumps_for_workers(func: Callable, by_value: Iterable[str]) -> bytes:
 
 def describe(by_value: list[str], nodes: list[Any]) -> str:
     """A log line: which modules were shipped by value and why."""
-    return (f"Shipping module(s) {', '.join(by_value)} with the training function: node(s) "
-            f"{', '.join(str(n) for n in nodes)} cannot import them")
+    return (
+        f"Shipping module(s) {', '.join(by_value)} with the training function: node(s) "
+        f"{', '.join(str(n) for n in nodes)} cannot import them"
+    )

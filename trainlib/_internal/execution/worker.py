@@ -15,13 +15,12 @@ import socket
 import threading
 from typing import Any
 
+from trainlib._internal.execution import user_code
 from trainlib._internal.execution.bulk_imports import collector_paused
 from trainlib._internal.execution.messages import WorkerMessage, drained
 from trainlib._internal.execution.session import WorkerSession, set_session
-from trainlib._internal.execution import user_code
 from trainlib._internal.execution.spec import Placement, WorkerInfo, WorkerStart
 from trainlib._internal.execution.train_fn import TrainFunction, extend_sys_path
-
 
 _WAKE = object()  # put by flush(): ends a next_messages() blocked on an empty outbox; never sent
 
@@ -73,9 +72,13 @@ class TrainWorker:
 
         ctx = ray.get_runtime_context()
         accelerators = ctx.get_accelerator_ids() if hasattr(ctx, "get_accelerator_ids") else {}
-        return Placement(node_id=ctx.get_node_id(), node_ip=ray.util.get_node_ip_address(),
-                         hostname=socket.gethostname(), pid=os.getpid(),
-                         gpu_ids=tuple(str(g) for g in accelerators.get("GPU", [])))
+        return Placement(
+            node_id=ctx.get_node_id(),
+            node_ip=ray.util.get_node_ip_address(),
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            gpu_ids=tuple(str(g) for g in accelerators.get("GPU", [])),
+        )
 
     def missing_modules(self, names: list[str], driver_sys_path: list[str]) -> list[str]:
         """Of the user's modules ``names``, those this worker cannot import (the driver ships them by value)."""
@@ -93,8 +96,9 @@ class TrainWorker:
         # For code that reads torchrun's variables (RANK, LOCAL_RANK...) and for CUDA: trainlib
         # itself reads the rank and device from the session.
         os.environ.update(start.env)
-        self.session = WorkerSession(start.info, start.attempt, self.outbox, metadata=start.metadata,
-                                     dataset_shards=start.dataset_shards)
+        self.session = WorkerSession(
+            start.info, start.attempt, self.outbox, metadata=start.metadata, dataset_shards=start.dataset_shards
+        )
         thread = threading.Thread(target=self._run, args=(start.train_fn,), name="trainlib-train", daemon=True)
         thread.start()
 

@@ -20,17 +20,17 @@ from ray.util.scheduling_strategies import (
 )
 
 from trainlib._internal import tunables
+from trainlib._internal.execution import user_code
 from trainlib._internal.execution.group_data import GroupData
 from trainlib._internal.execution.messages import FailedMessage, WorkerMessage, is_last
 from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
-from trainlib._internal.execution import user_code
 from trainlib._internal.execution.spec import AttemptSpec, Placement, WorkerStart
 from trainlib._internal.execution.staging import finish_staged_uploads
 from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
 from trainlib._internal.storage.run_storage import RunStorage
-from trainlib.scaling import ScalingConfig
 from trainlib.errors import ResourcesUnavailableError, WorkerError
+from trainlib.scaling import ScalingConfig
 
 logger = logging.getLogger("trainlib")
 
@@ -38,9 +38,16 @@ logger = logging.getLogger("trainlib")
 class RayWorkerGroup:
     """The actors of one attempt. ``start_actors`` -> ``placements`` -> ``start`` -> ``wait`` ... -> ``shutdown``."""
 
-    def __init__(self, scaling: ScalingConfig, backend: WorkerBackend, train_fn: Any, num_workers: int | None = None,
-                 data: GroupData | None = None, bound: TrainFunction | None = None,
-                 runtime_env: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        scaling: ScalingConfig,
+        backend: WorkerBackend,
+        train_fn: Any,
+        num_workers: int | None = None,
+        data: GroupData | None = None,
+        bound: TrainFunction | None = None,
+        runtime_env: dict[str, Any] | None = None,
+    ):
         self.scaling = scaling
         self.backend = backend
         self.train_fn = train_fn  # a Ray reference to the TrainFunction, put once per run by the trainer
@@ -78,7 +85,10 @@ class RayWorkerGroup:
         options = {"runtime_env": self.runtime_env} if self.runtime_env else {}
         self._actors = [
             actor_cls.options(
-                num_cpus=cpus, num_gpus=gpus, resources=custom, max_concurrency=4,
+                num_cpus=cpus,
+                num_gpus=gpus,
+                resources=custom,
+                max_concurrency=4,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
                 **options,
             ).remote(self.backend, cpus, env)
@@ -106,8 +116,10 @@ class RayWorkerGroup:
         if self.scaling.label_selector is None:
             return ""
         labels = [n.get("Labels") or {} for n in ray.nodes() if n.get("Alive", True)][:8]
-        return (f", or too few nodes have the labels that ScalingConfig.label_selector={self.scaling.label_selector!r} "
-                f"asks for (the nodes' labels: {labels})")
+        return (
+            f", or too few nodes have the labels that ScalingConfig.label_selector={self.scaling.label_selector!r} "
+            f"asks for (the nodes' labels: {labels})"
+        )
 
     def placements(self) -> list[Placement]:
         """Where each actor landed (waits for the actors to finish starting)."""
@@ -141,9 +153,16 @@ class RayWorkerGroup:
         train_fn = self._train_fn_for_nodes()
         shards = self.data.shards_for(self._actors, [p.node_id for p in self._placements])
         refs = [
-            actor.start.remote(WorkerStart(attempt=attempt, info=plan.infos[rank], env=plan.envs[rank],
-                                           train_fn=train_fn, metadata=self.data.metadata,
-                                           dataset_shards=shards[rank]))
+            actor.start.remote(
+                WorkerStart(
+                    attempt=attempt,
+                    info=plan.infos[rank],
+                    env=plan.envs[rank],
+                    train_fn=train_fn,
+                    metadata=self.data.metadata,
+                    dataset_shards=shards[rank],
+                )
+            )
             for rank, actor in enumerate(self._actors)
         ]
         # Every rank's start is awaited, but a death here is not the attempt's end: a rank may start, report and
@@ -162,8 +181,10 @@ class RayWorkerGroup:
         if self.bound is None or not self.bound.user_modules:
             return self.train_fn
         per_node = {p.node_id: (actor, p.node_ip) for actor, p in zip(self._actors, self._placements)}
-        refs = [actor.missing_modules.remote(list(self.bound.user_modules), list(self.bound.driver_sys_path))
-                for actor, _ in per_node.values()]
+        refs = [
+            actor.missing_modules.remote(list(self.bound.user_modules), list(self.bound.driver_sys_path))
+            for actor, _ in per_node.values()
+        ]
         try:
             answers = ray.get(refs, timeout=tunables.WORKER_START_TIMEOUT_S)
         except RayActorError as exc:
@@ -255,19 +276,28 @@ class RayWorkerGroup:
         if storage is None or storage.is_local or p is None:
             return []  # local storage: report() wrote straight into storage, nothing was staged
         task = ray.remote(num_cpus=0, max_retries=0)(finish_staged_uploads).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(p.node_id, soft=False))
+            scheduling_strategy=NodeAffinitySchedulingStrategy(p.node_id, soft=False)
+        )
         ref = task.remote(storage, rank, p.pid, self._attempt)
         try:
             messages = ray.get(ref, timeout=tunables.FLUSH_AFTER_FAILURE_S)
         except Exception as exc:  # noqa: BLE001 - node lost, or the uploads failed: the loss is stated
             ray.cancel(ref, force=True)
-            logger.warning("Rank %d died with checkpoints staged on node %s that could not be uploaded (%s: %s); "
-                           "the restart resumes from the latest committed checkpoint.", rank, p.node_ip,
-                           type(exc).__name__, str(exc)[:300])
+            logger.warning(
+                "Rank %d died with checkpoints staged on node %s that could not be uploaded (%s: %s); "
+                "the restart resumes from the latest committed checkpoint.",
+                rank,
+                p.node_ip,
+                type(exc).__name__,
+                str(exc)[:300],
+            )
             return []
         if messages:
-            logger.warning("Rank %d died; its node finished the upload of its staged checkpoint(s) for step(s) %s.",
-                           rank, ", ".join(str(m.step) for m in messages))
+            logger.warning(
+                "Rank %d died; its node finished the upload of its staged checkpoint(s) for step(s) %s.",
+                rank,
+                ", ".join(str(m.step) for m in messages),
+            )
         return messages
 
     def shutdown(self) -> None:
@@ -303,8 +333,12 @@ def death_cause(ray_text: str, pid: Any, node_ip: Any) -> str:
         said = f"Ray's exit type {exit_type.group(1) if exit_type else '?'}: {detail.group(1) if detail else ''}"
     else:
         lines = [line.strip() for line in ray_text.strip().splitlines() if line.strip()]
-        said = next((line for line in lines if "exit" in line.lower() or "killed" in line.lower()
-                     or "OOM" in line), lines[0] if lines else "no detail")
-    return (f"the worker process (pid {pid}) on node {node_ip} died ({said.strip()}). Its exit status is not "
-            f"known to Ray: a SIGKILL, the kernel's OOM killer (`dmesg | grep -i 'killed process {pid}'` on that "
-            "node) or a crash in native code (the worker's log: `ray logs worker` / /tmp/ray/session_latest/logs)")
+        said = next(
+            (line for line in lines if "exit" in line.lower() or "killed" in line.lower() or "OOM" in line),
+            lines[0] if lines else "no detail",
+        )
+    return (
+        f"the worker process (pid {pid}) on node {node_ip} died ({said.strip()}). Its exit status is not "
+        f"known to Ray: a SIGKILL, the kernel's OOM killer (`dmesg | grep -i 'killed process {pid}'` on that "
+        "node) or a crash in native code (the worker's log: `ray logs worker` / /tmp/ray/session_latest/logs)"
+    )

@@ -143,7 +143,7 @@ class LogTail:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trainlib-worker-logs", daemon=True)
 
-    def start(self) -> "LogTail":
+    def start(self) -> LogTail:
         self._thread.start()
         return self
 
@@ -162,9 +162,12 @@ class LogTail:
                 printed = self._pass()
             except Exception:  # noqa: BLE001 - as Ray's monitor, a failed pass is logged, not fatal to the run
                 # Once: a lasting failure would otherwise repeat it ten times a second.
-                logger.log(logging.DEBUG if warned else logging.WARNING,
-                           "Reading the workers' log files failed; their output may be incomplete here "
-                           "(it stays in Ray's session log folder)", exc_info=True)
+                logger.log(
+                    logging.DEBUG if warned else logging.WARNING,
+                    "Reading the workers' log files failed; their output may be incomplete here "
+                    "(it stays in Ray's session log folder)",
+                    exc_info=True,
+                )
                 warned = True
                 printed = False
             if not printed:
@@ -200,8 +203,7 @@ def start_log_tail(skipped: SkippedLogMonitor) -> LogTail | None:
     try:
         return LogTail(_monitor(ray_worker)).start()
     except Exception:  # noqa: BLE001 - fall back to Ray's own process
-        logger.debug("The driver's reader of the workers' logs could not start; using Ray's log monitor",
-                     exc_info=True)
+        logger.debug("The driver's reader of the workers' logs could not start; using Ray's log monitor", exc_info=True)
         ray_worker._global_node.start_log_monitor()
         return None
 
@@ -218,8 +220,10 @@ def _monitor(ray_worker: Any) -> Any:
     node = ray_worker._global_node
     # As Ray's own printer: no "(name pid=...)" prefix when the job's logging config (or, in newer Rays,
     # the user) asks so.
-    ignore_prefix = getattr(ray_worker, "_should_ignore_worker_log_prefix",
-                            lambda worker: getattr(worker, "job_logging_config", None) is not None)(
-        ray_worker.global_worker)
+    ignore_prefix = getattr(
+        ray_worker,
+        "_should_ignore_worker_log_prefix",
+        lambda worker: getattr(worker, "job_logging_config", None) is not None,
+    )(ray_worker.global_worker)
     printer = _DriverPrinter(ray.get_runtime_context().get_job_id(), services.get_node_ip_address(), ignore_prefix)
     return LogMonitor(node.node_ip_address, node.get_logs_dir_path(), printer, is_proc_alive)

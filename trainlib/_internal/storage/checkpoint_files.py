@@ -59,5 +59,7 @@ def _check_link(folder: str, root: str, path: str, rel: str) -> None:
             "reaches run storage. If the checkpoint needs that file, copy it into the folder."
         )
     if not os.path.exists(resolved):
-        raise ValueError(f"trainlib.report(): the symlink {rel!r} -> {target!r} in the checkpoint folder {folder} "
-                         "is broken (its target does not exist): remove it or copy the file in.")
+        raise ValueError(
+            f"trainlib.report(): the symlink {rel!r} -> {target!r} in the checkpoint folder {folder} "
+            "is broken (its target does not exist): remove it or copy the file in."
+        )

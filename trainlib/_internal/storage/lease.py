@@ -48,6 +48,7 @@ logger = logging.getLogger("trainlib")
 # ended: the next fit() in the same process takes the run over instead of waiting for the TTL.
 _HELD_HERE: set[str] = set()
 
+
 class RunLease:
     """The lease of one run folder, held by this driver from :meth:`acquire` to :meth:`release`.
 
@@ -90,15 +91,22 @@ class RunLease:
             if created:
                 self.record = record
                 if current is not None and current.released_at is None:
-                    logger.warning("Run %s: taking over from its previous driver (%s): %s.", self.storage.uri(),
-                                   current.describe(), reason)
+                    logger.warning(
+                        "Run %s: taking over from its previous driver (%s): %s.",
+                        self.storage.uri(),
+                        current.describe(),
+                        reason,
+                    )
                 self._remove_older(record.generation)
                 self._thread = threading.Thread(target=self._heartbeat_loop, name="trainlib-lease", daemon=True)
                 self._thread.start()
                 return record
         current = self._current()
-        raise self._in_use(current) if current else RunInUseError(
-            f"Could not take the lease of run {self.storage.uri()}: other drivers kept winning it.")
+        raise (
+            self._in_use(current)
+            if current
+            else RunInUseError(f"Could not take the lease of run {self.storage.uri()}: other drivers kept winning it.")
+        )
 
     def _in_use(self, owner: LeaseRecord) -> RunInUseError:
         return RunInUseError(
@@ -119,7 +127,7 @@ class RunLease:
             return []
         out = []
         for name in names:
-            digits = posixpath.basename(name)[len(LEASE_PREFIX):-len(".json")]
+            digits = posixpath.basename(name)[len(LEASE_PREFIX) : -len(".json")]
             if digits.isdigit():
                 out.append(int(digits))
         return sorted(out)
@@ -139,10 +147,21 @@ class RunLease:
             except (ValueError, TypeError):
                 # Lease files are created whole; an unreadable one is damage: treat it as stale.
                 logger.warning("Ignoring unreadable lease file %s", self.storage.uri(self._path(generation)))
-                return LeaseRecord(generation=generation, owner_id="", host="?", boot_id="", pid=0, pid_start=None,
-                                   started_at=0.0, heartbeat_at=0.0, ttl_s=0.0)
-        raise RunInUseError(f"The lease of run {self.storage.uri()} kept changing while it was read: other drivers "
-                            "are taking the run over. Wait for them to finish, or pick another RunConfig.name.")
+                return LeaseRecord(
+                    generation=generation,
+                    owner_id="",
+                    host="?",
+                    boot_id="",
+                    pid=0,
+                    pid_start=None,
+                    started_at=0.0,
+                    heartbeat_at=0.0,
+                    ttl_s=0.0,
+                )
+        raise RunInUseError(
+            f"The lease of run {self.storage.uri()} kept changing while it was read: other drivers "
+            "are taking the run over. Wait for them to finish, or pick another RunConfig.name."
+        )
 
     def _create(self, path: str, data: bytes) -> bool:
         """Create ``path`` holding ``data`` unless it exists; False when another driver was first."""
@@ -194,16 +213,22 @@ class RunLease:
     def check(self) -> None:
         """Raise RunInUseError when this driver lost the run to another one (called before each commit)."""
         if self.lost:
-            raise RunInUseError(f"This driver no longer owns the run {self.storage.uri()}: {self.lost}. It stops "
-                                "without committing, so the new owner's checkpoints are not overwritten.")
+            raise RunInUseError(
+                f"This driver no longer owns the run {self.storage.uri()}: {self.lost}. It stops "
+                "without committing, so the new owner's checkpoints are not overwritten."
+            )
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(tunables.LEASE_HEARTBEAT_S):
             try:
                 self.heartbeat()
             except Exception as exc:  # noqa: BLE001 - storage blips: the TTL covers several beats
-                logger.warning("Run lease heartbeat failed (%s: %s); retrying in %.0fs", type(exc).__name__, exc,
-                               tunables.LEASE_HEARTBEAT_S)
+                logger.warning(
+                    "Run lease heartbeat failed (%s: %s); retrying in %.0fs",
+                    type(exc).__name__,
+                    exc,
+                    tunables.LEASE_HEARTBEAT_S,
+                )
             if self.lost:
                 logger.error("Run %s: %s", self.storage.uri(), self.lost)
                 return
@@ -250,8 +275,12 @@ class RunLease:
         try:
             self._write_own(self._path(self.record.generation), self.record.to_bytes())
         except Exception as exc:  # noqa: BLE001 - the lease then expires after its TTL
-            logger.warning("Could not release the run lease of %s (%s); it expires in %.0fs.", self.storage.uri(),
-                           exc, tunables.LEASE_TTL_S)
+            logger.warning(
+                "Could not release the run lease of %s (%s); it expires in %.0fs.",
+                self.storage.uri(),
+                exc,
+                tunables.LEASE_TTL_S,
+            )
 
 
 def _ended_in_this_process(lease: LeaseRecord) -> bool:

@@ -55,17 +55,25 @@ class LeaseRecord:
     released_at: float | None = None
 
     @classmethod
-    def mine(cls, generation: int, started_at: float | None = None) -> "LeaseRecord":
+    def mine(cls, generation: int, started_at: float | None = None) -> LeaseRecord:
         now = time.time()
-        return cls(generation=generation, owner_id=uuid.uuid4().hex, host=socket.gethostname(), boot_id=_boot_id(),
-                   pid=os.getpid(), pid_start=_process_start(os.getpid()), started_at=started_at or now,
-                   heartbeat_at=now, ttl_s=tunables.LEASE_TTL_S)
+        return cls(
+            generation=generation,
+            owner_id=uuid.uuid4().hex,
+            host=socket.gethostname(),
+            boot_id=_boot_id(),
+            pid=os.getpid(),
+            pid_start=_process_start(os.getpid()),
+            started_at=started_at or now,
+            heartbeat_at=now,
+            ttl_s=tunables.LEASE_TTL_S,
+        )
 
     def to_bytes(self) -> bytes:
         return json.dumps(dataclasses.asdict(self), indent=1).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "LeaseRecord":
+    def from_bytes(cls, data: bytes) -> LeaseRecord:
         raw = json.loads(data)
         return cls(**{f.name: raw.get(f.name) for f in dataclasses.fields(cls)})
 
@@ -88,8 +96,10 @@ class LeaseRecord:
         return None
 
     def describe(self) -> str:
-        return (f"host {self.host}, pid {self.pid}, started {_fmt_time(self.started_at)}, "
-                f"last heartbeat {time.time() - self.heartbeat_at:.0f}s ago")
+        return (
+            f"host {self.host}, pid {self.pid}, started {_fmt_time(self.started_at)}, "
+            f"last heartbeat {time.time() - self.heartbeat_at:.0f}s ago"
+        )
 
 
 def _fmt_time(t: float) -> str:

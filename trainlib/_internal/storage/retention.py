@@ -30,11 +30,12 @@ def rank_checkpoints(checkpoints: list[CommittedCheckpoint], config: CheckpointC
 def best_checkpoints(checkpoints: list[CommittedCheckpoint], config: CheckpointConfig) -> list[CommittedCheckpoint]:
     """The ``num_to_keep`` best checkpoints in Ray Train's order (``Result.best_checkpoints``)."""
     ranked = rank_checkpoints(checkpoints, config)
-    return ranked if config.num_to_keep is None else ranked[-config.num_to_keep:]
+    return ranked if config.num_to_keep is None else ranked[-config.num_to_keep :]
 
 
-def checkpoints_to_delete(checkpoints: list[CommittedCheckpoint], config: CheckpointConfig,
-                          keep_latest: bool = True) -> list[CommittedCheckpoint]:
+def checkpoints_to_delete(
+    checkpoints: list[CommittedCheckpoint], config: CheckpointConfig, keep_latest: bool = True
+) -> list[CommittedCheckpoint]:
     """The checkpoints outside the ``num_to_keep`` best.
 
     ``keep_latest``: spare the latest one as well (the run is unfinished and may resume from it).
@@ -53,5 +54,8 @@ def warn_if_unscored(checkpoint: CommittedCheckpoint, config: CheckpointConfig) 
         logger.warning(
             "Checkpoint at step %d has no metric %r (CheckpointConfig.checkpoint_score_attribute); it ranks last. "
             "Report %r with every checkpoint. Reported metrics: %s",
-            checkpoint.step, attribute, attribute, sorted(checkpoint.metrics),
+            checkpoint.step,
+            attribute,
+            attribute,
+            sorted(checkpoint.metrics),
         )

@@ -62,7 +62,7 @@ class RunRecord:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RunRecord":
+    def from_json(cls, data: dict[str, Any]) -> RunRecord:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["status"] = RunStatus(values.get("status", RunStatus.PENDING.value))
@@ -75,9 +75,9 @@ class RunRecord:
         values.setdefault("storage_path", "")
         return cls(**values)
 
-    def save(self, storage: "RunStorage") -> None:
+    def save(self, storage: RunStorage) -> None:
         storage.write_json_atomic(storage.join(RUN_STATE_FILE), self.to_json())
 
     @classmethod
-    def load(cls, storage: "RunStorage") -> "RunRecord":
+    def load(cls, storage: RunStorage) -> RunRecord:
         return cls.from_json(storage.read_json(storage.join(RUN_STATE_FILE)))

@@ -28,6 +28,7 @@ from typing import Any
 
 import fsspec
 
+from trainlib._internal import metrics as metric_values
 from trainlib._internal.storage.checkpoint_files import checkpoint_files
 from trainlib._internal.storage.commits import (
     CHECKPOINT_PREFIX,
@@ -36,7 +37,6 @@ from trainlib._internal.storage.commits import (
     checkpoint_dir_name,
 )
 from trainlib._internal.storage.lease_record import LEASE_PREFIX
-from trainlib._internal import metrics as metric_values
 from trainlib._internal.storage.run_record import RUN_STATE_FILE
 from trainlib._internal.util.atomic import atomic_copy, atomic_write
 from trainlib._internal.util.filesystem import (
@@ -68,8 +68,9 @@ class RunStorage:
         self.shared = shared or not self.is_local
 
     @classmethod
-    def open_existing(cls, path: str | os.PathLike, filesystem: Any = None, storage_options: dict | None = None,
-                      caller: str = "open") -> "RunStorage":
+    def open_existing(
+        cls, path: str | os.PathLike, filesystem: Any = None, storage_options: dict | None = None, caller: str = "open"
+    ) -> RunStorage:
         """The run folder at ``path`` (``<storage_path>/<name>``); FileNotFoundError when no run is there."""
         fs, inner = resolve_filesystem(path, filesystem, storage_options)
         root, name = inner.rstrip("/").rsplit("/", 1)
@@ -96,6 +97,7 @@ class RunStorage:
 
     def write_bytes_atomic(self, path: str, data: bytes) -> None:
         """Write a whole file so that readers see the old or the new content, never a part."""
+
         def write() -> None:
             if self.is_local:
                 atomic_write(path, data)
@@ -137,15 +139,21 @@ class RunStorage:
 
     def list_files(self, path: str) -> dict[str, int]:
         """The manifest {relpath: size} of the files under ``path`` in storage (the commit marker left out)."""
+
         def ls() -> dict[str, int]:
             self.fs.invalidate_cache(path)
             found = self.fs.find(path, detail=True)
-            return {posixpath.relpath(name, path): int(info["size"]) for name, info in found.items()
-                    if posixpath.basename(name) != COMMIT_MARKER}
+            return {
+                posixpath.relpath(name, path): int(info["size"])
+                for name, info in found.items()
+                if posixpath.basename(name) != COMMIT_MARKER
+            }
+
         return with_retries(f"listing {self.uri(path)}", ls)
 
-    def commit_checkpoint(self, step: int, metrics: dict[str, Any], manifest: dict[str, int],
-                          dir_name: str | None = None) -> CommittedCheckpoint:
+    def commit_checkpoint(
+        self, step: int, metrics: dict[str, Any], manifest: dict[str, int], dir_name: str | None = None
+    ) -> CommittedCheckpoint:
         """Write the commit marker of the checkpoint of ``step``: from now on it is valid."""
         path = self.checkpoint_path(step, dir_name)
         now = time.time()
@@ -160,6 +168,7 @@ class RunStorage:
         def exists() -> bool:
             self.fs.invalidate_cache(path)
             return self.fs.exists(marker)
+
         return with_retries(f"reading {self.uri(marker)}", exists)
 
     def delete_checkpoint(self, path: str) -> None:
@@ -173,6 +182,7 @@ class RunStorage:
         path = self.join(METRICS_FILE)
         line = (metric_values.dumps(row) + "\n").encode()
         if self.is_local:
+
             def append() -> None:
                 os.makedirs(self.run_path, exist_ok=True)
                 # One write() of the whole line on an O_APPEND file, then fsync: a crash leaves
@@ -184,6 +194,7 @@ class RunStorage:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
+
             with_retries(f"appending to {self.uri(path)}", append)
         else:
             self.write_bytes_atomic(path, "".join(metric_values.dumps(r) + "\n" for r in all_rows).encode())
@@ -199,14 +210,21 @@ class RunStorage:
     def list_checkpoint_dirs(self) -> list[str]:
         """Folders named ``checkpoint_*`` (committed or not), and folders of another name that hold a
         commit marker (a ``checkpoint_dir_name`` given to ``report``)."""
+
         def ls() -> list[str]:
             self.fs.invalidate_cache(self.run_path)
             if not self.fs.exists(self.run_path):
                 return []
-            folders = [e["name"].rstrip("/") for e in self.fs.ls(self.run_path, detail=True)
-                       if e.get("type") == "directory"]
-            return [f for f in folders if posixpath.basename(f).startswith(CHECKPOINT_PREFIX)
-                    or self.fs.exists(posixpath.join(f, COMMIT_MARKER))]
+            folders = [
+                e["name"].rstrip("/") for e in self.fs.ls(self.run_path, detail=True) if e.get("type") == "directory"
+            ]
+            return [
+                f
+                for f in folders
+                if posixpath.basename(f).startswith(CHECKPOINT_PREFIX)
+                or self.fs.exists(posixpath.join(f, COMMIT_MARKER))
+            ]
+
         return sorted(with_retries(f"listing {self.uri()}", ls))
 
     def verify_checkpoint(self, path: str) -> CommittedCheckpoint | None:
@@ -221,8 +239,12 @@ class RunStorage:
             for rel, size in marker["files"].items():
                 if self.fs.size(posixpath.join(path, rel)) != size:
                     return None
-            return CommittedCheckpoint(step=int(marker["step"]), path=path, metrics=marker.get("metrics", {}),
-                                       committed_at=float(marker.get("committed_at", 0)))
+            return CommittedCheckpoint(
+                step=int(marker["step"]),
+                path=path,
+                metrics=marker.get("metrics", {}),
+                committed_at=float(marker.get("committed_at", 0)),
+            )
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError):
@@ -258,8 +280,11 @@ class RunStorage:
             try:
                 rows.append(metric_values.loads(line))
             except ValueError:
-                where = "its last line is torn (a crash mid-append)" if number == len(lines) else \
-                    f"line {number} is unreadable"
+                where = (
+                    "its last line is torn (a crash mid-append)"
+                    if number == len(lines)
+                    else f"line {number} is unreadable"
+                )
                 logger.warning("Skipping a line of %s: %s: %r", self.uri(path), where, line[:80])
         return rows
 
@@ -278,6 +303,7 @@ class RunStorage:
 
     def remove_run(self) -> None:
         """Delete the run's files; its lease files stay, for the driver that holds the lease."""
+
         def rm() -> None:
             self.fs.invalidate_cache(self.run_path)
             if not self.fs.exists(self.run_path):
@@ -285,5 +311,5 @@ class RunStorage:
             for entry in self.fs.ls(self.run_path, detail=False):
                 if not posixpath.basename(entry.rstrip("/")).startswith(LEASE_PREFIX):
                     self.fs.rm(entry, recursive=True)
-        with_retries(f"deleting {self.uri()}", rm)
 
+        with_retries(f"deleting {self.uri()}", rm)

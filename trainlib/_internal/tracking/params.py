@@ -41,8 +41,13 @@ def param_value(key: str, value: Any, max_length: int) -> str:
     """The text to log for one parameter: redacted if it is a secret, truncated to ``max_length``."""
     if is_secret_key(key):
         return REDACTED
-    text = value if isinstance(value, str) else json.dumps(value, default=str) if isinstance(
-        value, (list, tuple, dict)) else str(value)
+    text = (
+        value
+        if isinstance(value, str)
+        else json.dumps(value, default=str)
+        if isinstance(value, (list, tuple, dict))
+        else str(value)
+    )
     return truncate(redact_text(text), max_length)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from trainlib._internal.util.atomic import atomic_write
 from trainlib._internal.util.paths import expand_path

@@ -33,8 +33,10 @@ _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TO
 _kept = False
 
 
-def keep_step_allocations(mmap_threshold: int = tunables.WORKER_MALLOC_MMAP_THRESHOLD_BYTES,
-                          trim_threshold: int = tunables.WORKER_MALLOC_TRIM_THRESHOLD_BYTES) -> bool:
+def keep_step_allocations(
+    mmap_threshold: int = tunables.WORKER_MALLOC_MMAP_THRESHOLD_BYTES,
+    trim_threshold: int = tunables.WORKER_MALLOC_TRIM_THRESHOLD_BYTES,
+) -> bool:
     """Serve allocations up to ``mmap_threshold`` from the heap and trim it only past ``trim_threshold``
     free; return whether the settings were applied (False: not glibc, or the user configured malloc)."""
     if any(name in os.environ for name in _USER_SETTINGS) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
@@ -44,8 +46,10 @@ def keep_step_allocations(mmap_threshold: int = tunables.WORKER_MALLOC_MMAP_THRE
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         # mallopt returns 1 on success; setting either option also turns glibc's adaptive thresholds off.
-        applied = libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1 and \
-            libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1
+        applied = (
+            libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
+            and libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1
+        )
     except (OSError, AttributeError) as exc:
         logger.debug("glibc malloc settings not applied: %s", exc)
         return False

@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 
 def atomic_write(path: str, data: bytes) -> None:
     """Write ``data`` as the whole content of ``path`` (flushed to disk before the rename)."""
+
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
             f.write(data)

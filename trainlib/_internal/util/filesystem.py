@@ -38,9 +38,13 @@ def as_fsspec(filesystem: Any) -> fsspec.AbstractFileSystem:
     )
 
 
-def resolve_filesystem(storage_path: str | os.PathLike | None, filesystem: Any = None,
-                       storage_options: dict | None = None, *,
-                       field: str = "RunConfig.storage_path") -> tuple[fsspec.AbstractFileSystem, str]:
+def resolve_filesystem(
+    storage_path: str | os.PathLike | None,
+    filesystem: Any = None,
+    storage_options: dict | None = None,
+    *,
+    field: str = "RunConfig.storage_path",
+) -> tuple[fsspec.AbstractFileSystem, str]:
     """Return the fsspec filesystem and the path inside it for a local path or an fsspec URL.
 
     ``field`` names the argument in the error raised when the URL cannot be opened.

@@ -30,9 +30,21 @@ _PERMANENT = {
     errno.EEXIST: "something is in the way: remove it or use another storage_path",
 }
 # errno values worth a retry: the network or the server, not the request.
-_TRANSIENT = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EHOSTUNREACH,
-              errno.ENETUNREACH, errno.ENETDOWN, errno.EPIPE, errno.EAGAIN, errno.EBUSY, errno.EIO, errno.ESTALE,
-              errno.EINTR}
+_TRANSIENT = {
+    errno.ECONNREFUSED,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.ETIMEDOUT,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+    errno.ENETDOWN,
+    errno.EPIPE,
+    errno.EAGAIN,
+    errno.EBUSY,
+    errno.EIO,
+    errno.ESTALE,
+    errno.EINTR,
+}
 # Object-store answers that are final (botocore error codes, also found in s3fs's messages).
 _PERMANENT_CODES = {
     "NoSuchBucket": "the bucket does not exist: create it, or fix the bucket in storage_path",
@@ -95,8 +107,9 @@ def _classify_network(exc: BaseException, cause: str) -> IOFault | None:
             return IOFault(True, cause)
         return IOFault(False, cause, "the host name does not resolve: check the URL's host")
     if isinstance(exc, ssl.SSLCertVerificationError):  # before errno: its errno 1 is not EPERM
-        return IOFault(False, cause, "the server's certificate is not trusted: fix it, or the CA bundle "
-                                     "(SSL_CERT_FILE)")
+        return IOFault(
+            False, cause, "the server's certificate is not trusted: fix it, or the CA bundle (SSL_CERT_FILE)"
+        )
     if isinstance(exc, (ssl.SSLError, http.client.HTTPException)):  # a connection cut mid-handshake or mid-body
         return IOFault(True, cause)
     return None
@@ -133,4 +146,5 @@ def classify(exc: BaseException) -> IOFault:
 def is_missing_bucket(exc: BaseException) -> bool:
     """A FileNotFoundError that is about the bucket, not a key: final, and never "no such file"."""
     return isinstance(exc, FileNotFoundError) and (
-        _error_code(exc) == "NoSuchBucket" or "bucket does not exist" in str(exc).lower())
+        _error_code(exc) == "NoSuchBucket" or "bucket does not exist" in str(exc).lower()
+    )
