@@ -32,10 +32,12 @@ TEST_WORKERS ?= 3
 test: venv
 	$(BIN)/pytest -q -p no:cacheprovider $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
-# Lint and format check (ruff, configured in pyproject.toml); CI runs it before the tests.
+# Lint, format check (ruff) and the import rules between trainlib, tasks and flows (import-linter), all configured
+# in pyproject.toml; CI runs it before the tests.
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 bench: venv
 	$(BIN)/pip install -q -e ".[bench]" --config-settings editable_mode=compat

@@ -171,7 +171,7 @@ def run_one(
 ) -> dict[str, Any]:
     import psutil
 
-    from trainlib._internal.execution.trainer import DataParallelTrainer
+    from trainlib.data_parallel_trainer import DataParallelTrainer
     from trainlib.torch import TorchTrainer
 
     probe = DriverProbe()

@@ -22,13 +22,18 @@ from prefect.logging.handlers import APILogWorker
 from prefect.settings import get_current_settings
 from prefect_ray import RayTaskRunner
 
+from tasks.domain.environ import environment
 from tasks.domain.reachability import check_reachable
 
 # trainlib's own lean start of a local Ray; the pipeline's local Ray is started by prefect-ray.
-from trainlib._internal.execution.embedded_ray import LEAN_SYSTEM_CONFIG, LeanLocalRay, lean_local_start
-from trainlib._internal.execution.worker_logs import print_whole_lines
-from trainlib._internal.execution.worker_preload import WORKER_PRELOAD_MODULES, preload_python_modules
-from trainlib._internal.util.environ import environment
+from trainlib.startup import (
+    LEAN_SYSTEM_CONFIG,
+    WORKER_PRELOAD_MODULES,
+    LeanLocalRay,
+    lean_local_start,
+    preload_python_modules,
+    print_whole_lines,
+)
 
 PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
 RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray for a submitted job's driver

@@ -15,7 +15,7 @@ import fsspec
 
 from trainlib._internal.storage.commits import COMMIT_MARKER
 from trainlib._internal.util.filesystem import as_fsspec, is_local_filesystem, resolve_filesystem, to_uri
-from trainlib.retry import with_retries
+from trainlib._internal.util.retry import with_retries
 
 # As Ray Train's: the checkpoint's metadata, a JSON file beside its files.
 METADATA_FILE = ".metadata.json"

@@ -28,7 +28,7 @@ import fsspec
 
 from tasks.domain.dataset_registry import DatasetSpec, get_dataset_spec
 from tasks.domain.urls import expand_path, is_url, mask_url
-from trainlib.retry import describe_error, is_transient, with_retries
+from trainlib.errors import describe_error, is_transient, with_retries
 
 logger = logging.getLogger("trainlib")
 
@@ -114,7 +114,7 @@ def fetch_dataset(
             by :func:`write_idx_dataset` or staged copies (pass ``files.md5s``).
         timeout_s: socket timeout of each HTTP request.
         attempts_per_mirror: tries per mirror on transient network errors
-            (connection refused or reset, timeouts, HTTP 5xx/429), as :func:`trainlib.retry.is_transient`
+            (connection refused or reset, timeouts, HTTP 5xx/429), as :func:`trainlib.errors.is_transient`
             decides.
         backoff_s: about the wait before the second try (jittered); doubles for each further one.
         storage_options: passed to fsspec for fsspec mirrors (e.g. an S3 endpoint).

@@ -42,7 +42,7 @@ from tasks.domain import classifier_network
 from tasks.domain.classifier_network import ARCHITECTURE, EXPECTED_INPUT
 from tasks.domain.dataset_registry import get_dataset_spec
 from tasks.domain.network import MEAN, STD
-from trainlib._internal.util.patching import replaced_attribute
+from trainlib.startup import replaced_attribute
 
 NETWORK_PATH = os.path.abspath(classifier_network.__file__)
 # The pyfunc's file, beside the network's; not imported here: it imports mlflow (~1-1.5 s), which only logging a
@@ -334,7 +334,7 @@ def log_and_register(
     import mlflow
     from mlflow import MlflowClient
 
-    from trainlib._internal.util.environ import environment
+    from tasks.domain.environ import environment
     from trainlib.mlflow import using_tracking_uri
 
     client = MlflowClient(tracking_uri=tracking_uri)

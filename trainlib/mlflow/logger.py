@@ -32,15 +32,15 @@ from trainlib._internal.util.masking import redact_text, redact_url
 from trainlib._internal.util.paths import expand_path, is_url
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
+from trainlib.mlflow._store import STATE_KEY, bounded_http, default_tracking_uri, probe_tracking_server
 from trainlib.mlflow.errors import TrackingError, short_error
-from trainlib.mlflow.store import STATE_KEY, bounded_http, default_tracking_uri, probe_tracking_server
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
     from trainlib.errors import WorkerError
-    from trainlib.mlflow.sender import RecordSender
-    from trainlib.mlflow.spool import SpoolReplay
+    from trainlib.mlflow._sender import RecordSender
+    from trainlib.mlflow._spool import SpoolReplay
     from trainlib.result import Result
 
 logger = logging.getLogger("trainlib")
@@ -54,7 +54,7 @@ DEFAULT_SPOOL_DIR = "~/.trainlib/mlflow_spool"  # for runs whose storage is not 
 
 def _tag_value(text: str) -> str:
     """``text`` cut to MLflow's longest tag value (read from mlflow, which ``before_run`` imported)."""
-    from trainlib.mlflow.records import MAX_TAG_VAL_LENGTH
+    from trainlib.mlflow._records import MAX_TAG_VAL_LENGTH
 
     return truncate(text, MAX_TAG_VAL_LENGTH)
 
@@ -181,8 +181,8 @@ class MLflowLogger(Callback):
         probe_tracking_server(self._uri)  # seconds, not MLflow's minutes of retries; before Ray starts
         from mlflow.tracking import MlflowClient
 
-        from trainlib.mlflow.run import experiment_id, open_run
-        from trainlib.mlflow.sender import RecordSender
+        from trainlib.mlflow._run import experiment_id, open_run
+        from trainlib.mlflow._sender import RecordSender
 
         self._client = MlflowClient(tracking_uri=self._uri)
         self._failures = 0
@@ -313,13 +313,13 @@ class MLflowLogger(Callback):
 
     @classmethod
     def replay_spool(cls, path: str | os.PathLike, tracking_uri: str | None = None) -> SpoolReplay:
-        """Send the records spooled at ``path`` to MLflow, oldest first (see :func:`trainlib.mlflow.spool.replay_spool`).
+        """Send the records spooled at ``path`` to MLflow, oldest first (see :func:`trainlib.mlflow._spool.replay_spool`).
 
         Example:
             >>> MLflowLogger.replay_spool("/runs/fashion/mlflow_spool.jsonl")
             SpoolReplay(path=..., sent=12, remaining=0, rejected=())
         """
-        from trainlib.mlflow.spool import replay_spool
+        from trainlib.mlflow._spool import replay_spool
 
         return replay_spool(path, tracking_uri)
 

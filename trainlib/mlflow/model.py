@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from trainlib._internal.storage.run_record import RUN_STATE_FILE, RunRecord
 from trainlib._internal.util.filesystem import is_local_filesystem
 from trainlib.checkpoint import Checkpoint
-from trainlib.mlflow.store import STATE_KEY, default_tracking_uri, using_tracking_uri
+from trainlib.mlflow._store import STATE_KEY, default_tracking_uri, using_tracking_uri
 
 
 def log_model(

@@ -14,9 +14,9 @@ from trainlib._internal.tracking.params import params_for_logging, truncate
 from trainlib._internal.util.masking import redact_text, redact_url
 from trainlib._internal.util.versions import package_version, trainlib_version
 from trainlib.callbacks import RunInfo
+from trainlib.mlflow._records import MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH, send_record
+from trainlib.mlflow._store import sqlite_artifact_root
 from trainlib.mlflow.errors import TrackingError
-from trainlib.mlflow.records import MAX_ENTITY_KEY_LENGTH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH, send_record
-from trainlib.mlflow.store import sqlite_artifact_root
 
 logger = logging.getLogger("trainlib")
 

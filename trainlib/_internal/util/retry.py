@@ -1,17 +1,16 @@
 """Retrying storage and network I/O with backoff, and telling transient errors from permanent ones. Driver and workers.
 
 trainlib retries every call to run storage with :func:`with_retries`; the pipeline's
-downloads and data-set staging use the same helper, so one rule decides what is worth a
-retry. Only errors that a retry can fix are retried: lost, refused or timed-out connections,
+downloads and data-set staging use the same helper (public as :func:`trainlib.errors.with_retries`,
+``is_transient`` and ``describe_error``), so one rule decides what is worth a retry. Only errors
+that a retry can fix are retried: lost, refused or timed-out connections,
 throttling and server errors (HTTP 408, 429, 5xx), a name server that is briefly unavailable.
 A full disk, a refused permission, a missing bucket, a name too long, an HTTP 404 or an
 untrusted certificate fail at once, naming the cause and the fix.
 
-This module is public but not part of the Ray Train API (it is not in ``trainlib.__all__``).
-
 Example::
 
-    from trainlib.retry import describe_error, with_retries
+    from trainlib.errors import describe_error, with_retries
 
     with_retries(f"uploading {name}", lambda: fs.put_file(local, remote))  # StorageError when it gives up
     try:

@@ -9,9 +9,9 @@ import os
 from mlflow.tracking import MlflowClient
 
 from trainlib._internal.tracking.spool import Spool, describe_records
+from trainlib.mlflow._records import is_rejected, send_record
+from trainlib.mlflow._store import bounded_http
 from trainlib.mlflow.errors import short_error
-from trainlib.mlflow.records import is_rejected, send_record
-from trainlib.mlflow.store import bounded_http
 
 logger = logging.getLogger("trainlib")
 

@@ -17,10 +17,10 @@ from mlflow.tracking import MlflowClient
 from trainlib._internal import tunables
 from trainlib._internal.tracking.spool import Spool, describe_records
 from trainlib._internal.util.masking import redact_url
+from trainlib.mlflow._records import is_rejected, send_record, spoolable
+from trainlib.mlflow._spool import replay_spool
+from trainlib.mlflow._store import bounded_http
 from trainlib.mlflow.errors import short_error
-from trainlib.mlflow.records import is_rejected, send_record, spoolable
-from trainlib.mlflow.spool import replay_spool
-from trainlib.mlflow.store import bounded_http
 
 logger = logging.getLogger("trainlib")
 
