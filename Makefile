@@ -34,6 +34,10 @@ test: venv
 
 # Lint, format check (ruff) and the import rules between trainlib, tasks and flows (import-linter), all configured
 # in pyproject.toml; CI runs it before the tests.
+# The unit tier alone: no Ray, servers or subprocesses, in under a minute (tests/conftest.py sets the tiers by folder).
+test-fast: venv
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

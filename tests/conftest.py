@@ -221,8 +221,8 @@ def storage_path(tmp_path):
 # keeps one worker from being left alone with a long module at the end (seconds from a quiet run).
 LONGEST_FIRST = (
     "cluster/test_cluster.py",  # ~270 s: a `ray start` cluster, two pipeline runs, node losses
-    "pipeline/test_pipeline_e2e.py",  # ~200 s: Prefect server, the main command, a killed and retried deployment run
-    "model/test_score_deployment.py",  # ~110 s
+    "e2e/test_pipeline_e2e.py",  # ~200 s: Prefect server, the main command, a killed and retried deployment run
+    "e2e/test_score_deployment.py",  # ~110 s
     "parity/test_elastic.py",  # ~105 s
     "storage/test_s3.py",  # ~100 s
     "faults/test_concurrent_runs.py",
@@ -235,9 +235,48 @@ LONGEST_FIRST = (
 )
 
 
+# The tiers, by folder: tests/unit runs without Ray, servers or subprocesses (`make test-fast`, under a minute);
+# tests/e2e runs the whole pipeline or a deployment; every other folder starts real processes (Ray, servers).
+TIER_OF_FOLDER = {"unit": "unit", "e2e": "e2e"}
+DEFAULT_TIER = "integration"
+
+
+def test_tier(nodeid: str) -> str:
+    """The tier of the test ``nodeid`` (``tests/<folder>/...``): its folder's."""
+    folder = nodeid.removeprefix("tests/").split("/", 1)[0]
+    return TIER_OF_FOLDER.get(folder, DEFAULT_TIER)
+
+
 def pytest_collection_modifyitems(config, items):
     def rank(item) -> int:
         path = item.nodeid.split("::")[0].removeprefix("tests/")
         return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
 
+    for item in items:
+        tier = test_tier(item.nodeid)
+        item.add_marker(tier)
+        if tier == "e2e":  # an end-to-end test starts real processes too
+            item.add_marker(DEFAULT_TIER)
     items.sort(key=rank)  # stable: the order within a module, and of the other modules, is kept
+
+
+class UnitTierError(AssertionError):
+    """A test of tests/unit started a process or a Ray: it belongs in an integration folder."""
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_starts_nothing(request, monkeypatch):
+    """In tests/unit, starting a subprocess or Ray fails the test, so the tier stays fast and pure."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    import subprocess
+
+    def refuse(*args, **kwargs):
+        raise UnitTierError(f"{request.node.nodeid} starts a process or Ray: move it out of tests/unit")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    import ray
+
+    monkeypatch.setattr(ray, "init", refuse)
+    yield

@@ -21,7 +21,7 @@ import urllib.request
 import numpy as np
 import pytest
 from conftest import REPO_ROOT
-from model_helpers import needs_data, real_images, register_network, tiny_trained_network
+from model.model_helpers import needs_data, real_images, register_network, tiny_trained_network
 from prefect_helpers import PrefectServer
 from tracking.mlflow_helpers import MlflowServer
 
