@@ -107,7 +107,7 @@ def _thread_cpu_s() -> dict[str, float]:
 
 def _train(model, steps: int, warmup: int, at_warmup: Callable[[], None] | None = None) -> dict[str, float]:
     """Train ``steps`` steps; medians (s) of the steps after ``warmup``: each phase, and CPU per step by thread.
-    ``at_warmup`` is called as the first measured step begins (bench_ddp_functions.py starts its sampling there)."""
+    ``at_warmup`` is called as the first measured step begins (a profiler can start sampling there)."""
     import torch
 
     torch.manual_seed(0)
