@@ -3,8 +3,8 @@
 Prefect sends a flow run's heartbeats (``flows.heartbeat_frequency``, 180 s by default, for
 detecting runs that died with their worker) from a thread that sleeps in one-second steps and
 checks a stop flag between them; the synchronous flow engine joins that thread when the run
-ends, so every flow run ends 0-1 s late (0.5 s on average; 0.64-0.72 s measured for each of the
-pipeline's two flow runs). Prefect's async engine does not join it. This module makes the
+ends, so every flow run ends up to a step late (each of the pipeline's two flow runs pays it).
+Prefect's async engine does not join it. This module makes the
 synchronous engine do the same: the thread still stops at its next step and never sends a
 heartbeat after the stop flag is set (Prefect checks the flag before each one), it is a daemon
 thread, and the run's final state is set by the engine, not by the thread.

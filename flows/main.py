@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # This command's own process. At exit, Python's final garbage collection walks every object of torch, Ray,
-    # Prefect and mlflow: ~1.2 s after the last line on 2 cores (measured: 1.46 s to exit, 0.28 s frozen).
+    # Prefect and mlflow: most of the time from the last line to the exit (docs/benchmarks.md, "The pipeline (kept)").
     # What the pipeline keeps is flushed and closed before (its states, MLflow's runs, the logs), so the
     # objects left need no collection; registered first, the freeze runs after every other exit hook.
     atexit.register(gc.freeze)

@@ -225,7 +225,7 @@ def _requirements_of_this_environment() -> Iterator[None]:
 
     :func:`pip_requirements` pins the versions this very process runs, so the check cannot find a
     mismatch. It maps every installed distribution to its modules first, on each process's first
-    save: 0.5-1.3 s of CPU, most of the register step (py-spy, 2026-12-02). MLflow's private
+    save: most of the register step's CPU. MLflow's private
     ``environment.warn_dependency_requirement_mismatches`` is replaced for the block; a version of
     MLflow without it runs its own check.
     """

@@ -2,8 +2,8 @@
 
 ``python SCRIPT`` imports the script's modules (torch, torchvision, ...) on one core, and only then
 does ``fit()`` start Ray, whose workers import torch in turn. Started here first, Ray's workers
-import torch on the other core while the script imports its own: the first step comes ~2 s sooner
-on 2 cores (bench/results/overhead_*.md, variant ``trainlib_launch``). Otherwise the script runs as
+import torch on the other cores while the script imports its own, so the first step comes sooner
+(docs/benchmarks.md, ``python -m trainlib SCRIPT``). Otherwise the script runs as
 with ``python SCRIPT``: as ``__main__``, with its arguments, its folder first on the import path.
 
 Nothing is started where ``fit()`` would not start Ray either (``RAY_ADDRESS`` set, a cluster). A

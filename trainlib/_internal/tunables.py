@@ -78,7 +78,7 @@ ELASTIC_SETTLE_S = 2.0
 
 # glibc malloc in torch training workers (trainlib/_internal/util/allocator.py). With glibc's defaults, a
 # training step's tensors (MBs each, allocated and freed every step) are mmap'd and unmapped, or the heap
-# is trimmed and grown again: ~16,000 page faults a step for the tutorial's ResNet18 on 2 CPUs, ~15% of a
-# step in the kernel (bench/results/malloc.md). Served from the heap and kept (up to this much free at its top), faults stop.
+# is trimmed and grown again, and each page given back is faulted in again on the next step. Served from the heap
+# and kept (up to this much free at its top), the faults stop (docs/benchmarks.md, "Steady state (kept)").
 WORKER_MALLOC_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's own ceiling for its adaptive threshold
 WORKER_MALLOC_TRIM_THRESHOLD_BYTES = 64 * 1024 * 1024

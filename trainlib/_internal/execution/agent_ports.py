@@ -3,7 +3,7 @@
 A raylet starts two Python agents (the dashboard agent: metrics and the node's HTTP API; the
 runtime-env agent) and, for each of their ports it was not given, waits until the agent has bound
 one and written it to a file. The dashboard agent writes its HTTP port last, after importing its
-modules: ~0.7 s after its start on a quiet 2-core machine, and until then the raylet neither
+modules, well after its start, and until then the raylet neither
 registers the node nor starts a worker. Given the ports, the raylet registers at once and its
 workers import torch while the runtime-env agent starts. What needs an agent retries until it
 answers, as after an agent restart: a runtime env's setup.

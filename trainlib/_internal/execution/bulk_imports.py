@@ -4,7 +4,8 @@ CPython's collector runs every 700 net allocations of container objects, and a p
 generation each time it has grown by a quarter. An import of torch, or of a job's module that brings in
 torchvision, allocates millions of such objects that all live as long as the process: the passes over them
 find next to nothing. In a worker that has imported ray, torch and trainlib's worker module, the collector
-is ~20% of the CPU that importing torchvision takes, and of torch's import too (bench/results/bulk_imports.md).
+a sizeable share of the CPU that importing torchvision and torch takes (docs/benchmarks.md, "Start-up and
+memory (kept)").
 
 So while a worker imports in bulk (Ray's preload in a lean local Ray, an actor's framework, the training
 function's modules when it is unpickled), the collector is paused. At the end, one collection frees what

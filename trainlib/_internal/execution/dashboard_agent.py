@@ -3,10 +3,9 @@
 Each Ray node's raylet starts a dashboard agent, a Python process whose modules serve the dashboard
 head (logs, jobs, events, node statistics) and export Ray's metrics for Prometheus. A lean node has
 no dashboard head (``embedded_ray.py``), so of all that only the metrics export would be left, and
-nothing in a trainlib run reads it. The agent's start alone costs ~0.9 CPU-seconds (gRPC, aiohttp,
-OpenTelemetry, its modules) and ~120 MB, on the cores where the workers are importing torch:
-measured, the tutorial job reached its first step 1.0 s earlier without it, in 7 pairs of 7, with
-~140 MB less peak memory (bench/results/dashboard_agent_ab.md).
+nothing in a trainlib run reads it. The agent's start (gRPC, aiohttp, OpenTelemetry, its modules) takes
+CPU and memory on the cores where the workers are importing torch (docs/benchmarks.md, "Start-up and
+memory (kept)").
 
 The raylet will not start without an agent command and exits when its agent does, so it is given a
 command that starts a stand-in (``dashboard_agent_stand_in.py``) that only lives as long as the

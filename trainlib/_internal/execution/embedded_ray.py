@@ -7,8 +7,8 @@ Ray starts for it do nothing for such a run: the dashboard head (with
 monitor (a local node never scales). They cost ~230 MB of memory and, at exit,
 Ray gives each up to a second to stop, one after another. Neither is started
 (:func:`without_unused_daemons`): ``ray.init`` waits until the dashboard head has
-imported its web stack and published its address, ~1.7 s of a 3.7 s start on a
-quiet 2-core machine (and 10 s and more under load; bench/results/overhead.md).
+imported its web stack and published its address: most of ``ray.init``'s time on a small machine
+(docs/benchmarks.md, "Start-up and memory (kept)").
 Nor does the driver import the dashboard's dependencies only to learn that they
 are installed. The log monitor, a process that
 tails the workers' log files for the drivers, is not started either: a thread of
@@ -57,8 +57,8 @@ logger = logging.getLogger("trainlib")
 
 # Ray's settings for a lean local node: no metrics (no agent exports them: dashboard_agent.py), and no task events.
 # Those feed Ray's State API and ray.timeline(), through a dashboard such a node does not run; every process of it
-# would record and send them each second, and the driver's shutdown waits ~0.2 s to flush its own (0.08-0.11 s
-# against 0.31-0.33 s: bench/results/task_events_ab.md). Whoever wants either starts Ray before fit(), which trainlib
+# would record and send them each second, and the driver's shutdown waits to flush its own (docs/benchmarks.md,
+# "Start-up and memory (kept)"). Whoever wants either starts Ray before fit(), which trainlib
 # never changes.
 LEAN_SYSTEM_CONFIG = {**NO_METRICS_SYSTEM_CONFIG, "task_events_report_interval_ms": 0}
 
@@ -204,7 +204,7 @@ def without_unused_daemons() -> Iterator[None]:
     """Inside the block, a local Ray node started with ``include_dashboard=False`` is started lean.
 
     - No dashboard head: Ray starts it anyway, for usage statistics only, and ``ray.init`` polls
-      until it is up (~1.7 s of a 3.7 s start on a quiet 2-core machine).
+      until it is up (most of ``ray.init``'s time: docs/benchmarks.md, "Start-up and memory (kept)").
     - No autoscaler monitor: a local node never scales. It was stopped once Ray was up; not
       starting it also spares its start (a Python process importing Ray) on the critical path.
     - Ray learns whether the dashboard's dependencies are installed (to start its agent in full

@@ -19,7 +19,7 @@ registrations known here (checked: with any other Ray, nothing changes). trainli
 the embedded Ray that ``fit()`` starts (``embedded_ray.ensure_ray``): the driver and, through Ray's worker
 preload (``worker_setup``), every worker process of that Ray. The pipeline's local Ray does without it: there
 the task workers import all three anyway (Prefect, mlflow), and a pipeline whose workers preloaded
-``worker_setup`` was slower in 10 of 11 interleaved pairs (``bench/results/serializers_pipeline_ab.md``).
+``worker_setup`` was slower (docs/benchmarks.md, "Tried, not kept").
 """
 
 from __future__ import annotations

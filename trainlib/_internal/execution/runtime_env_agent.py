@@ -5,8 +5,7 @@ that sets up the environment of a task or actor that asks for one (``runtime_env
 ``working_dir``, ``env_vars``...). A trainlib run on its embedded Ray asks for none, nor does the
 pipeline's local Ray (its workers inherit their environment; ``flows/task_runner.py``), and the raylet
 never calls the agent for a worker without one. Yet the agent's start costs ~0.55 CPU-seconds and
-~80 MB, on the cores where the workers are importing torch (measured: 81 MB and 0.56 CPU-s on a
-2-core machine; bench/results/runtime_env_agent_ab.md).
+memory, on the cores where the workers are importing torch (docs/benchmarks.md, "Start-up and memory (kept)").
 
 So the raylet runs :data:`ON_DEMAND` with the agent's command. It listens on the agent's port (given to
 the raylet, ``agent_ports.py``) and starts the agent at the first connection, then forwards every

@@ -151,7 +151,7 @@ def _train_at_node_priority() -> None:
 
     Ray starts its worker processes niced, so a training rank loses the CPU to every other
     process on the machine (Ray's own daemons included) and, on a busy node, trains far slower
-    than a torchrun rank (bench/results/overhead.md). Called in the training thread: the threads
+    than a torchrun rank. Called in the training thread: the threads
     it starts (OpenMP, gloo, data loading) inherit its priority. Lowering niceness needs root or
     CAP_SYS_NICE; without them the worker stays as Ray set it.
     """

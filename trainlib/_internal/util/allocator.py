@@ -3,10 +3,9 @@
 A training step allocates and frees the same tensors every step, several MB each. With glibc's
 defaults such a block is mmap'd and unmapped each time until glibc's adaptive threshold has grown
 past it, and the heap is trimmed whenever more than twice that threshold is free at its top; every
-page given back is faulted in again, zeroed, on the next step. Measured on the tutorial's
-ResNet18 with 2 ranks on 2 CPUs (bench/bench_malloc.py): 15,000-17,500 page faults and ~50 ms in
-the kernel per ~350 ms step, against ~140 faults and ~16 ms with the settings below: steps 8-11%
-faster, each process keeping 20-50 MB more resident. torchrun's ranks run with glibc's defaults.
+page given back is faulted in again, zeroed, on the next step. The settings below keep those pages,
+trading some resident memory for the faults (docs/benchmarks.md, "Steady state (kept)"). torchrun's
+ranks run with glibc's defaults.
 
 The settings are glibc's ``mallopt`` options, set once per worker process before the training
 thread starts (the process's DataLoader workers, forked from it, inherit them). A process whose
