@@ -40,6 +40,10 @@ class TorchBackend(WorkerBackend):
 
     def on_start(self, info: WorkerInfo) -> Any:
         """Pick this worker's device and join the process group; return the device (kept on the session)."""
+        from trainlib.torch import amp
+
+        # AMP settings are per process: a second fit() in local mode (or a reused process) starts clean.
+        amp.reset()
         store, self._store = self._store, None  # the group keeps it; a restart opens a new one
         device = select_device(self.use_gpu, info.gpu_index)
         if info.world_size > 1:
