@@ -21,7 +21,7 @@ import sys, time, os
 import torch
 mode = sys.argv[1]
 if mode == "new":
-    from trainlib._internal.execution.embedded_ray import ensure_ray, note_fit_ended
+    from trainlib._internal.startup.embedded_ray import ensure_ray, note_fit_ended
     ensure_ray(); note_fit_ended()
 else:
     import ray; ray.init(address="local", include_dashboard=False, log_to_driver=True)
