@@ -27,11 +27,10 @@ from tasks.domain.reachability import check_reachable
 
 # trainlib's own lean start of a local Ray; the pipeline's local Ray is started by prefect-ray.
 from trainlib.startup import (
-    LEAN_SYSTEM_CONFIG,
     WORKER_PRELOAD_MODULES,
     LeanLocalRay,
     lean_local_start,
-    preload_python_modules,
+    lean_system_config,
     print_whole_lines,
 )
 
@@ -190,12 +189,11 @@ def local_task_runner(
     every worker (see :class:`LocalRayTaskRunner`).
     """
     # Without worker_setup: the pipeline's tasks import Ray's serializers' libraries anyway (lazy_serializers.py).
-    modules = preload_python_modules(preload, lazy_serializers=False) if preload else []
-    init_kwargs["_system_config"] = {
-        **LEAN_SYSTEM_CONFIG,
-        "idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS,
-        **({"preload_python_modules": modules} if modules else {}),
-    }
+    system_config = lean_system_config(
+        preload, lazy_serializers=False, idle_worker_killing_time_threshold_ms=IDLE_WORKER_KEEP_MS
+    )
+    if system_config:  # {} with trainlib's start-up layer switched off: prefect-ray's own ray.init
+        init_kwargs["_system_config"] = system_config
     return LocalRayTaskRunner(
         address="local", init_kwargs={"include_dashboard": False, **init_kwargs}, worker_env=worker_env
     )

@@ -150,11 +150,12 @@ def start_session_ray() -> None:
     serializer add-ons only when used): the suite is CPU-bound, and the tests then run on the Ray that users
     get. The workers preload no torch: a test's actors import what they use. This process (which imports
     Prefect and MLflow, so pydantic and pyarrow, anyway) keeps Ray's serializers as they are."""
-    from trainlib._internal.execution.embedded_ray import init_lean_local_ray
+    from trainlib._internal.startup.embedded_ray import init_lean_local_ray
 
     global _session_lean
     stop_session_ray()  # and the reader and ports of the previous one
-    _session_lean = init_lean_local_ray(preload=(), num_cpus=4).started()
+    lean = init_lean_local_ray(preload=(), num_cpus=4)  # None with the start-up layer off: a stock ray.init
+    _session_lean = lean.started() if lean is not None else None
 
 
 def stop_session_ray() -> None:
@@ -175,7 +176,7 @@ def cluster_utils_cluster(head_cpus: int, node_cpus: tuple[int, ...] = ()):
     import ray
     from ray.cluster_utils import Cluster
 
-    from trainlib._internal.execution.embedded_ray import without_unused_daemons
+    from trainlib._internal.startup.lean_start import without_unused_daemons
 
     was_running = ray.is_initialized()
     ray.shutdown()

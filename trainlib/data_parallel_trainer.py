@@ -13,35 +13,25 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from trainlib._internal.execution.controller import Controller
-from trainlib._internal.execution.embedded_ray import ensure_ray, note_fit_ended
-from trainlib._internal.execution.group_data import GroupData
-from trainlib._internal.execution.local_mode import check_not_under_torchrun, fit_in_this_process
-from trainlib._internal.execution.monitor import ScalingPolicy
-from trainlib._internal.execution.placement import available_workers
+from trainlib._internal.execution.fit import run_fit
+from trainlib._internal.execution.local_mode import check_not_under_torchrun
 from trainlib._internal.execution.run import (
     TRAINER_FILE,
-    RestoreExtras,
     SavedTrainer,
-    close_run,
-    open_run,
     run_storage,
-    start_run,
 )
 from trainlib._internal.execution.train_fn import TrainFunction, UnpicklableError
 from trainlib._internal.execution.validation import check_metadata
 from trainlib._internal.execution.worker import WorkerBackend
-from trainlib._internal.execution.worker_group import RayWorkerGroup
-from trainlib._internal.execution.worker_preload import WORKER_MODULE
 from trainlib._internal.storage.lease import RunLease
 from trainlib._internal.storage.run_record import RunRecord
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib._internal.util.filesystem import resolve_filesystem
-from trainlib.callbacks import Callback, ReportRecord, RunInfo
+from trainlib.callbacks import Callback
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig, FailureConfig, RunConfig
 from trainlib.data import DataConfig, check_datasets
-from trainlib.errors import ControllerError, StorageError, TrainlibError
+from trainlib.errors import StorageError
 from trainlib.result import Result
 from trainlib.scaling import ScalingConfig
 
@@ -147,134 +137,9 @@ class DataParallelTrainer:
                 "missing), or an fsspec URL such as 's3://bucket/runs'."
             ) from exc
         try:
-            return self._fit(storage, lease)
+            return run_fit(self, storage, lease)
         finally:
             lease.release()
-
-    def _fit(self, storage: RunStorage, lease: RunLease) -> Result:
-        rc = self.run_config
-        recorded_config = self._recorded_config()
-        run = open_run(
-            rc,
-            storage.name,
-            restoring=self._restoring,
-            train_fn=self._train_fn,
-            train_loop_config=recorded_config,
-            scaling_config=self.scaling_config,
-            storage=storage,
-            extras=RestoreExtras(
-                dataset_config=self.dataset_config,
-                dataset_names=tuple(sorted(self.datasets or {})),
-                metadata=self.metadata,
-            ),
-        )
-        start_from = (
-            storage.uri(run.committed[-1].path)
-            if run.committed
-            else (self.resume_from_checkpoint.uri if self.resume_from_checkpoint else None)
-        )
-        run_info = RunInfo(
-            name=storage.name,
-            path=storage.uri(),
-            world_size=max(1, self.scaling_config.max_workers),
-            use_gpu=self.scaling_config.use_gpu,
-            train_loop_config=recorded_config,
-            scaling_config=run.record.scaling_config,
-            resumed_from=start_from,
-            record=run.record,
-            earlier_reports=tuple(
-                ReportRecord(
-                    step=row["step"],
-                    metrics=row["metrics"],
-                    checkpoint=None,
-                    attempt=row.get("attempt", 0),
-                    reported_at=row.get("time", 0.0),
-                )
-                for row in run.metrics_rows
-            ),
-        )
-        if self.scaling_config.local_mode:
-            return fit_in_this_process(self, run, run_info, lease)
-        import ray
-
-        policy = ScalingPolicy(self.scaling_config, available_workers)
-        data = GroupData(metadata=self.metadata, datasets=self.datasets, data_config=self.dataset_config)
-        # Put once per run: every worker of every attempt reads this copy.
-        train_fn_ref = ray.put(self._train_fn) if ray.is_initialized() else None
-
-        def new_group() -> RayWorkerGroup:
-            return RayWorkerGroup(
-                self.scaling_config,
-                self.backend,
-                train_fn_ref,
-                policy.num_workers(),
-                data,
-                self._train_fn,
-                runtime_env=rc.worker_runtime_env,
-            )
-
-        # Ray already up (a cluster, the pipeline's task runner, an earlier fit()): the first attempt's workers
-        # start, and import their framework, while the callbacks' before_run runs (MLflow's: 1-3 s).
-        early = self._submit_early(new_group) if train_fn_ref is not None else []
-        try:
-            start_run(run, run_info, rc.callbacks)
-            # Else Ray starts after the storage and tracking checks, which fail in seconds without it.
-            ensure_ray(preload=(*self.backend.preload_modules, WORKER_MODULE))
-            if train_fn_ref is None:
-                train_fn_ref = ray.put(self._train_fn)
-            if start_from:
-                logger.info("Run %s resumes from %s", storage.name, start_from)
-            controller = Controller(
-                storage=storage,
-                make_worker_group=lambda: early.pop() if early else new_group(),
-                checkpoint_config=rc.checkpoint_config,
-                failure_config=rc.failure_config,
-                callbacks=rc.callbacks,
-                run_info=run_info,
-                start_checkpoint=self.resume_from_checkpoint,
-                metrics_rows=run.metrics_rows,
-                committed=run.committed,
-                verbose=rc.verbose,
-                scaling_policy=policy,
-                metadata=self.metadata,
-                lease=lease,
-            )
-        except BaseException:  # the run stopped before its first attempt (before_run raised): nothing may keep running
-            for group in early:
-                group.shutdown()
-            raise
-        try:
-            controller.run()
-        except Exception as exc:
-            # A driver-side bug or outage is Ray Train's ControllerError; trainlib's own errors pass as they are.
-            error = exc if isinstance(exc, TrainlibError) else ControllerError(exc)
-            close_run(run, rc, run_info, controller, error)
-            raise error from (None if error is exc else exc)
-        except BaseException as exc:  # KeyboardInterrupt: record the run as failed, and stop
-            close_run(run, rc, run_info, controller, exc)
-            raise
-        finally:
-            note_fit_ended()
-        return close_run(run, rc, run_info, controller, None)
-
-    def _recorded_config(self) -> dict | None:
-        """The config as the run record and the callbacks get it: as given, or, when it cannot be pickled (local
-        mode), with each value that cannot be pickled named by its type."""
-        if self._train_fn is not None or not self.train_loop_config:
-            return self.train_loop_config
-        return {k: v if _picklable(v) else f"<{type(v).__name__}>" for k, v in self.train_loop_config.items()}
-
-    @staticmethod
-    def _submit_early(new_group: Callable[[], RayWorkerGroup]) -> list[RayWorkerGroup]:
-        """The first attempt's group with its actors asked for; none when the request can never fit (the
-        attempt raises that as it starts, after the callbacks' before_run, as without an early start)."""
-        group = new_group()
-        try:
-            group.submit_actors()
-        except TrainlibError:
-            group.shutdown()
-            return []
-        return [group]
 
     @classmethod
     def restore(
@@ -342,16 +207,6 @@ class DataParallelTrainer:
         """Whether ``path`` holds a run that :meth:`restore` can continue."""
         fs, inner = resolve_filesystem(path, storage_filesystem, storage_options)
         return fs.exists(inner.rstrip("/") + "/" + TRAINER_FILE)
-
-
-def _picklable(value: Any) -> bool:
-    from ray import cloudpickle
-
-    try:
-        cloudpickle.dumps(value)
-        return True
-    except Exception:  # noqa: BLE001 - any pickling failure
-        return False
 
 
 def _log_to_console() -> None:

@@ -13,20 +13,15 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import http.client
 import logging
 import math
 import os
-import urllib.parse
-import urllib.request
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import fsspec
-
 from tasks.domain.dataset_registry import DatasetSpec, get_dataset_spec
+from tasks.domain.file_copy import copy_to_file, md5_file
 from tasks.domain.urls import expand_path, is_url, mask_url
 from trainlib.errors import describe_error, is_transient, with_retries
 
@@ -36,7 +31,6 @@ MIRRORS_ENV_VAR = "TRAINLIB_DATA_MIRRORS"
 DEFAULT_TIMEOUT_S = 60.0  # per socket operation of one HTTP download
 DEFAULT_ATTEMPTS = 3  # tries per mirror on transient errors
 DEFAULT_BACKOFF_S = 1.0  # about the wait before the 2nd try; doubles for each further one
-CHUNK_BYTES = 1 << 20
 
 
 class DatasetDownloadError(RuntimeError):
@@ -293,7 +287,7 @@ class _Fetcher:
         def copy() -> str:
             nonlocal tries
             tries += 1
-            return _copy_to(url, tmp, self.timeout_s, self.storage_options)
+            return copy_to_file(url, tmp, self.timeout_s, self.storage_options)
 
         try:
             return (
@@ -313,48 +307,6 @@ class _Fetcher:
             if not is_transient(exc):
                 return None, error, False
             return None, f"{error} (after {tries} attempt(s))", True
-
-
-def _copy_to(url: str, tmp: str, timeout_s: float, storage_options: dict[str, Any]) -> str:
-    """Stream ``url`` into the file ``tmp``; return the md5 of what was written."""
-    scheme = urllib.parse.urlsplit(url).scheme.lower() if is_url(url) else ""
-    if scheme in ("http", "https"):
-        request = urllib.request.Request(url, headers={"User-Agent": "trainlib"})
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            length = response.headers.get("Content-Length")
-            md5, size = _stream(response, tmp)
-            if length is not None and size != int(length):
-                raise http.client.IncompleteRead(b"", int(length) - size)
-            return md5
-    if scheme == "file":
-        path = urllib.request.url2pathname(urllib.parse.urlsplit(url).path)
-        with open(path, "rb") as src:
-            return _stream(src, tmp)[0]
-    if scheme == "":
-        with open(url, "rb") as src:
-            return _stream(src, tmp)[0]
-    with fsspec.open(url, "rb", **storage_options) as src:
-        return _stream(src, tmp)[0]
-
-
-def _stream(src: Any, tmp: str) -> tuple[str, int]:
-    digest = hashlib.md5(usedforsecurity=False)
-    size = 0
-    with open(tmp, "wb") as out:
-        while chunk := src.read(CHUNK_BYTES):
-            digest.update(chunk)
-            out.write(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
-
-
-def md5_file(path: str) -> str:
-    """The md5 of a local file, as 32 hex digits."""
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def is_transient_download_failure(exc: BaseException | None) -> bool:

@@ -1,4 +1,4 @@
-"""glibc malloc settings of torch training workers (trainlib/_internal/util/allocator.py)."""
+"""glibc malloc settings of torch training workers (trainlib/_internal/startup/allocator.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 from conftest import REPO_ROOT, TESTS_DIR
 from malloc_probe import PAGES
 
-from trainlib._internal.util import allocator
+from trainlib._internal.startup import allocator
 
 # In a fresh process: trainlib's settings applied or not, then malloc_probe's step pattern.
 PROBE = r"""
 import json, sys
 from malloc_probe import refaulted_pages
-from trainlib._internal.util.allocator import keep_step_allocations, step_allocations_kept
+from trainlib._internal.startup.allocator import keep_step_allocations, step_allocations_kept
 applied = keep_step_allocations() if sys.argv[1] == "tuned" else False
 print(json.dumps({"applied": applied, "kept": step_allocations_kept(), "faults": refaulted_pages()}))
 """

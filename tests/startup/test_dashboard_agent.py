@@ -11,7 +11,7 @@ import time
 import psutil
 from conftest import process_gone
 
-from trainlib._internal.execution import dashboard_agent
+from trainlib._internal.startup import dashboard_agent
 
 
 def test_the_raylet_is_given_the_stand_in_for_the_dashboard_agent_only():

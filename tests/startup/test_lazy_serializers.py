@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from trainlib._internal.execution import lazy_serializers
+from trainlib._internal.startup import lazy_serializers
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_rays_pydantic_compat_importing_pydantic_first_still_sees_it():
 
     code = """if True:
         import sys
-        from trainlib._internal.execution.lazy_serializers import defer_serialization_addons
+        from trainlib._internal.startup.lazy_serializers import defer_serialization_addons
         assert "pydantic" not in sys.modules
         assert defer_serialization_addons()
         from ray.util import serialization_addons

@@ -1,4 +1,4 @@
-"""The lean start of a local Ray node (embedded_ray.without_unused_daemons), the parts testable without a node."""
+"""The lean start of a local Ray node (lean_start.without_unused_daemons), the parts testable without a node."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 from conftest import REPO_ROOT
 
-from trainlib._internal.execution import embedded_ray
+from trainlib._internal.startup import lean_start
 
 
 def test_the_dashboard_dependency_check_agrees_with_rays_without_importing_them():
@@ -18,7 +18,7 @@ def test_the_dashboard_dependency_check_agrees_with_rays_without_importing_them(
 
     # In a fresh process: nothing imported it before, so what is imported after the check, the check did.
     probe = (
-        "import sys; from trainlib._internal.execution.embedded_ray import dashboard_dependency_error as c; "
+        "import sys; from trainlib._internal.startup.lean_start import dashboard_dependency_error as c; "
         "print(c(), sorted(m for m in ('aiohttp', 'opentelemetry', 'grpc', 'prometheus_client', 'pydantic') "
         "if m in sys.modules))"
     )
@@ -38,7 +38,7 @@ def test_a_missing_dashboard_dependency_is_named(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "prometheus_client" else real_find_spec(name, *a)
     )
-    error = embedded_ray.dashboard_dependency_error()
+    error = lean_start.dashboard_dependency_error()
     assert isinstance(error, ImportError) and error.name == "prometheus_client"
 
 
@@ -50,7 +50,7 @@ def test_a_missing_submodule_of_a_namespace_package_is_named(monkeypatch):
         "find_spec",
         lambda name, path=None, *a: None if name == "prometheus" else real_find_spec(name, path, *a),
     )
-    error = embedded_ray.dashboard_dependency_error()
+    error = lean_start.dashboard_dependency_error()
     assert isinstance(error, ImportError) and error.name == "opentelemetry.exporter.prometheus"
 
 
@@ -59,8 +59,8 @@ def test_rays_start_steps_are_replaced_only_inside_the_block():
     from ray._private.node import Node
 
     originals = (Node.start_api_server, Node.start_monitor, ray_utils.get_dashboard_dependency_error)
-    with embedded_ray.without_unused_daemons():
-        assert ray_utils.get_dashboard_dependency_error is embedded_ray.dashboard_dependency_error
+    with lean_start.without_unused_daemons():
+        assert ray_utils.get_dashboard_dependency_error is lean_start.dashboard_dependency_error
         assert Node.start_monitor is not originals[1] and Node.start_api_server is not originals[0]
     assert (Node.start_api_server, Node.start_monitor, ray_utils.get_dashboard_dependency_error) == originals
 
@@ -69,7 +69,7 @@ def test_a_reserved_agent_port_is_refused_to_others_and_open_to_an_agent_until_r
     import errno
     import socket
 
-    from trainlib._internal.execution.agent_ports import ReservedAgentPorts
+    from trainlib._internal.startup.agent_ports import ReservedAgentPorts
 
     reserved = ReservedAgentPorts()
     port = reserved.reserve("metrics_agent_port")
@@ -100,7 +100,7 @@ def test_the_raylet_alone_gets_the_agents_http_port_flag_and_rays_steps_come_bac
     from ray._private import services
     from ray._private.node import Node
 
-    from trainlib._internal.execution import agent_ports
+    from trainlib._internal.startup import agent_ports
 
     seen = []
 
@@ -129,7 +129,7 @@ def test_every_agent_port_is_reserved_for_the_stand_in_writes_none(monkeypatch):
     from ray._private import utils as ray_utils
     from ray._private.node import Node
 
-    from trainlib._internal.execution import agent_ports, dashboard_agent
+    from trainlib._internal.startup import agent_ports, dashboard_agent
 
     started = []
 

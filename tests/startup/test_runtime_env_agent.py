@@ -18,7 +18,7 @@ import psutil
 import pytest
 from conftest import free_port, process_gone
 
-from trainlib._internal.execution import runtime_env_agent
+from trainlib._internal.startup import runtime_env_agent
 
 # Serves its pid, the parent it was told to watch and the request's body, on the port it is given.
 FAKE_AGENT = r"""

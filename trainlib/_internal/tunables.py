@@ -76,7 +76,7 @@ PREEMPTION_POLL_INTERVAL_S = 1.0
 # is the most workers seen to fit within this long.
 ELASTIC_SETTLE_S = 2.0
 
-# glibc malloc in torch training workers (trainlib/_internal/util/allocator.py). With glibc's defaults, a
+# glibc malloc in torch training workers (trainlib/_internal/startup/allocator.py). With glibc's defaults, a
 # training step's tensors (MBs each, allocated and freed every step) are mmap'd and unmapped, or the heap
 # is trimmed and grown again, and each page given back is faulted in again on the next step. Served from the heap
 # and kept (up to this much free at its top), the faults stop (docs/benchmarks.md, "Steady state (kept)").

@@ -8,8 +8,8 @@ from typing import Any
 
 from trainlib._internal.execution.spec import WorkerInfo
 from trainlib._internal.execution.worker import WorkerBackend
-from trainlib._internal.execution.worker_preload import TORCH_MODULES
-from trainlib._internal.util.allocator import keep_step_allocations
+from trainlib._internal.startup.allocator import keep_step_allocations
+from trainlib._internal.startup.worker_preload import TORCH_MODULES
 from trainlib.torch._process_group import init_process_group, open_store
 from trainlib.torch.config import TorchConfig
 

@@ -16,11 +16,11 @@ import threading
 from typing import Any
 
 from trainlib._internal.execution import user_code
-from trainlib._internal.execution.bulk_imports import collector_paused
 from trainlib._internal.execution.messages import WorkerMessage, drained
 from trainlib._internal.execution.session import WorkerSession, set_session
 from trainlib._internal.execution.spec import Placement, WorkerInfo, WorkerStart
 from trainlib._internal.execution.train_fn import TrainFunction, extend_sys_path
+from trainlib._internal.startup.bulk_imports import collector_paused
 
 _WAKE = object()  # put by flush(): ends a next_messages() blocked on an empty outbox; never sent
 

@@ -21,6 +21,7 @@ import logging
 import os
 
 from trainlib._internal import tunables
+from trainlib._internal.startup.adapter import lean_startup_enabled
 
 logger = logging.getLogger("trainlib")
 
@@ -37,7 +38,10 @@ def keep_step_allocations(
     trim_threshold: int = tunables.WORKER_MALLOC_TRIM_THRESHOLD_BYTES,
 ) -> bool:
     """Serve allocations up to ``mmap_threshold`` from the heap and trim it only past ``trim_threshold``
-    free; return whether the settings were applied (False: not glibc, or the user configured malloc)."""
+    free; return whether the settings were applied (False: not glibc, the user configured malloc, or the start-up
+    layer is switched off)."""
+    if not lean_startup_enabled():
+        return False
     if any(name in os.environ for name in _USER_SETTINGS) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
     if not _glibc():

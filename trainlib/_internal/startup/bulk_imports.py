@@ -20,6 +20,8 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
+from trainlib._internal.startup.adapter import lean_startup_enabled
+
 _paused = False  # whether pause() turned the collector off and resume() has not yet turned it back on
 
 
@@ -45,8 +47,9 @@ def resume() -> None:
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """The block runs with the collector paused (:func:`pause`, then :func:`resume`, also if it raises). A collector
-    that is already off (an outer block's, a preload's or its owner's doing) is left to whoever turned it off."""
-    if not gc.isenabled():
+    that is already off (an outer block's, a preload's or its owner's doing) is left to whoever turned it off.
+    With the start-up layer switched off, the block runs as it is."""
+    if not gc.isenabled() or not lean_startup_enabled():
         yield
         return
     pause()

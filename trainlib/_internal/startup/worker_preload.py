@@ -14,10 +14,10 @@ from collections.abc import Sequence
 WORKER_MODULE = "trainlib._internal.execution.worker"
 # Imported second (after PRELOAD_BEGIN_MODULE) by every worker of the embedded Ray: Ray's serializers for pyarrow,
 # pydantic and starlette wait for those libraries instead of importing them (~50 MB a process; lazy_serializers.py).
-WORKER_SETUP_MODULE = "trainlib._internal.execution.worker_setup"
+WORKER_SETUP_MODULE = "trainlib._internal.startup.worker_setup"
 # Imported first and last, around all the others: the preload runs without the cyclic collector (bulk_imports.py).
-PRELOAD_BEGIN_MODULE = "trainlib._internal.execution.preload_begin"
-PRELOAD_END_MODULE = "trainlib._internal.execution.preload_end"
+PRELOAD_BEGIN_MODULE = "trainlib._internal.startup.preload_begin"
+PRELOAD_END_MODULE = "trainlib._internal.startup.preload_end"
 TORCH_MODULES = ("torch", "torch.distributed")
 WORKER_PRELOAD_MODULES = (*TORCH_MODULES, WORKER_MODULE)  # a Ray that runs TorchTrainer's workers
 

@@ -35,9 +35,9 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainlib._internal.execution.dashboard_agent import with_stand_in
-from trainlib._internal.execution.runtime_env_agent import with_agent_on_demand
-from trainlib._internal.util.patching import replaced_attribute
+from trainlib._internal.startup.adapter import replaced_attribute
+from trainlib._internal.startup.dashboard_agent import with_stand_in
+from trainlib._internal.startup.runtime_env_agent import with_agent_on_demand
 
 logger = logging.getLogger("trainlib")
 

@@ -28,7 +28,7 @@ import sys
 AGENT_COMMAND_FLAG = "--dashboard_agent_command="
 STAND_IN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboard_agent_stand_in.py")
 # For ray.init's _system_config: nothing would export the metrics.
-NO_METRICS_SYSTEM_CONFIG = {"enable_metrics_collection": False}  # part of embedded_ray.LEAN_SYSTEM_CONFIG
+NO_METRICS_SYSTEM_CONFIG = {"enable_metrics_collection": False}  # part of lean_start.LEAN_SYSTEM_CONFIG
 
 
 def stand_in_command() -> list[str]:

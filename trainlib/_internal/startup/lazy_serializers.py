@@ -30,6 +30,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from trainlib._internal.startup.adapter import install_attribute
+
 # What Ray 2.60's serialization_addons.apply calls; any other apply is left alone.
 KNOWN_APPLY_NAMES = frozenset(
     {
@@ -105,7 +107,8 @@ def defer_serialization_addons() -> bool:
             for register in due:
                 register(context)
 
-        serialization_addons.apply = apply_once_imported
+        if not install_attribute(serialization_addons, "apply", lambda original: apply_once_imported):
+            return False  # the start-up layer is off, or this Ray is not the one checked
         pending = {module: register for module, register in registrations.items() if module not in sys.modules}
         if pending:  # else every context registers at once, as in Ray
             sys.meta_path.insert(0, _AfterImport(pending))

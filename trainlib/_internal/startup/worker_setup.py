@@ -2,6 +2,6 @@
 ``preload_python_modules``), before the process runs anything else (only ``preload_begin`` comes
 earlier): sets the process up. Imported nowhere else."""
 
-from trainlib._internal.execution.lazy_serializers import defer_serialization_addons
+from trainlib._internal.startup.lazy_serializers import defer_serialization_addons
 
 defer_serialization_addons()

@@ -20,11 +20,11 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainlib._internal import tunables
-from trainlib._internal.util.patching import replaced_attribute
+from trainlib._internal.startup.adapter import install_attribute, replaced_attribute
 
 logger = logging.getLogger("trainlib")
 
@@ -94,21 +94,22 @@ def print_whole_lines() -> None:
     """
     try:
         from ray._private import worker as ray_worker
-
-        original = ray_worker.print_worker_logs
-    except (ImportError, AttributeError):
+    except ImportError:
         return
-    if getattr(original, "_whole_lines", False):
+    if getattr(getattr(ray_worker, "print_worker_logs", None), "_whole_lines", False):
         return
 
-    @functools.wraps(original)
-    def print_worker_logs(data: dict[str, Any], print_file: Any, ignore_prefix: bool = False) -> None:
-        sink = _WholeLines(print_file)
-        original(data, sink, ignore_prefix)
-        sink.write_pending()
+    def whole_lines(original: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(original)
+        def print_worker_logs(data: dict[str, Any], print_file: Any, ignore_prefix: bool = False) -> None:
+            sink = _WholeLines(print_file)
+            original(data, sink, ignore_prefix)
+            sink.write_pending()
 
-    print_worker_logs._whole_lines = True  # type: ignore[attr-defined]
-    ray_worker.print_worker_logs = print_worker_logs
+        print_worker_logs._whole_lines = True  # type: ignore[attr-defined]
+        return print_worker_logs
+
+    install_attribute(ray_worker, "print_worker_logs", whole_lines)
 
 
 class _DriverPrinter:

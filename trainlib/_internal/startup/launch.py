@@ -8,7 +8,7 @@ with ``python SCRIPT``: as ``__main__``, with its arguments, its folder first on
 
 Nothing is started where ``fit()`` would not start Ray either (``RAY_ADDRESS`` set, a cluster). A
 script that calls ``ray.init`` itself before any ``fit()`` gets the Ray it asks for: the one
-started here is shut down first (:func:`trainlib._internal.execution.embedded_ray.give_way_to_user_ray`).
+started here is shut down first (:func:`trainlib._internal.startup.embedded_ray.give_way_to_user_ray`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainlib._internal.execution.embedded_ray import give_way_to_user_ray, start_ahead_of_fit
-from trainlib._internal.util.patching import replaced_attribute
+from trainlib._internal.startup.adapter import replaced_attribute
+from trainlib._internal.startup.embedded_ray import give_way_to_user_ray, start_ahead_of_fit
 
 logger = logging.getLogger("trainlib")
 
