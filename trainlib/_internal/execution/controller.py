@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.callback_runner import CallbackRunner
-from trainlib._internal.execution.commit import commit_folder, write_metadata
+from trainlib._internal.execution.commit import check_arrived, commit_folder, write_metadata
 from trainlib._internal.execution.failures import FailurePolicy, ranks_text, root_cause, straggler_error, worker_error
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
 from trainlib._internal.execution.monitor import PreemptionWatcher, ScalingPolicy
@@ -286,8 +286,10 @@ class Controller:
             dir_name = commit_folder(step, placements)
             path = self.storage.checkpoint_path(step, dir_name)
             merged = self._merge_manifests(step, path, manifests)
+            stored = self.storage.list_files(path)
             if any(p.in_place for p in placements):  # written by the user: complete now that every rank reported
-                merged.update(self.storage.list_files(path))
+                merged.update(stored)
+            check_arrived(step, self.storage.uri(path), manifests, stored)
             write_metadata(self.storage, path, self.metadata, merged)
             committed = self.storage.commit_checkpoint(step, metrics, merged, dir_name)
             # An earlier checkpoint in the same folder (a reused checkpoint_dir_name) lost its marker to this one:
