@@ -27,6 +27,12 @@ from tasks.domain.recipe import DEFAULT_RECIPE, RecipeName
 
 DatasetName = Literal[DATASET_NAMES]  # type: ignore[valid-type]  # the registry's names, nowhere else
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+DEFAULT_DATASET = "fashion-mnist"
+
+
+def default_model_name(dataset: str) -> str:
+    """The registered model a data set's runs use unless told otherwise: ``<dataset>-resnet18``."""
+    return f"{dataset}-resnet18"
 
 
 class PipelineParamsError(ValueError):
@@ -38,7 +44,7 @@ class PipelineParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    dataset: DatasetName = Field("fashion-mnist", description="The data set to train on.")
+    dataset: DatasetName = Field(DEFAULT_DATASET, description="The data set to train on.")
     mirrors: list[str] | None = Field(
         None,
         description="Base URLs or folders to fetch the data set from, tried in order (default: "
@@ -87,8 +93,11 @@ class PipelineParams(BaseModel):
         description="How much higher (absolute test accuracy, e.g. 0.005) the new version must "
         "score than the champion on the same images to replace it.",
     )
-    model_name: str = Field(
-        "fashion-mnist-resnet18", pattern=NAME_PATTERN, max_length=200, description="Registered model name in MLflow."
+    model_name: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        max_length=200,
+        description="Registered model name in MLflow (default: '<dataset>-resnet18', one model per data set).",
     )
     run_name: str | None = Field(
         None,
@@ -116,6 +125,14 @@ class PipelineParams(BaseModel):
             unknown = [k for k in values if k not in cls.model_fields]
             if unknown:
                 raise ValueError("; ".join(_unknown_message(k) for k in unknown))
+        return values
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_name_of_the_dataset(cls, values: Any) -> Any:
+        # Each data set registers under its own name by default: a champion is only ever compared on its own data.
+        if isinstance(values, dict) and values.get("model_name") is None:
+            values = {**values, "model_name": default_model_name(values.get("dataset") or DEFAULT_DATASET)}
         return values
 
     @classmethod
