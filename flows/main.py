@@ -30,6 +30,7 @@ from flows.lifeline import Lifeline
 from flows.params import PipelineParams, PipelineParamsError, option_name
 from flows.prefect_server import DEFAULT_PREFECT_PORT, ensure_prefect
 from flows.preflight import check_services
+from tasks.domain.credentials import move_credentials_to_environment
 from tasks.domain.dataset_fetch import MIRRORS_ENV_VAR
 from tasks.domain.home import DEFAULT_HOME, HOME_ENV_VAR, PipelineHome
 from tasks.domain.urls import expand_path, mask_url
@@ -121,6 +122,9 @@ def parse_params(argv: list[str] | None = None) -> tuple[PipelineParams, argpars
         values[name] = value
     if values.get("mirrors"):
         values["mirrors"] = [expand_path(m) for m in values["mirrors"]]
+    # Before the flow run exists: its parameters (stored by Prefect in clear) never hold credentials.
+    for note in move_credentials_to_environment(values):
+        print(note, flush=True)
     try:
         return PipelineParams.parse(values, as_options=True), args
     except PipelineParamsError as exc:

@@ -26,8 +26,10 @@ from typing import Any
 
 import fsspec
 
+from tasks.domain.credentials import MIRROR_CREDENTIALS_ENV_VAR, mirror_authorization
 from tasks.domain.dataset_registry import DatasetSpec, get_dataset_spec
 from tasks.domain.urls import expand_path, is_url, mask_url
+from trainlib.masking import redact_text, split_credentials
 from trainlib.retry import describe_error, is_transient, with_retries
 
 logger = logging.getLogger("trainlib")
@@ -250,6 +252,7 @@ class _Fetcher:
                     tried.append((shown, error))
                     if transient:
                         self.down[mirror] = error
+                    logger.warning("Could not fetch %s from %s (%s); trying the next mirror.", filename, shown, error)
                     continue
                 if actual != md5:
                     mismatches += 1
@@ -309,17 +312,33 @@ class _Fetcher:
                 False,
             )
         except Exception as exc:  # noqa: BLE001 - reported with every other mirror's error
-            error = describe_error(exc).replace(url, mask_url(url))
+            error = _masked_error(describe_error(exc), url)
+            if getattr(exc, "code", None) in (401, 403):
+                error += (
+                    " (the mirror refused access: give its credentials in the mirror URL, "
+                    "http://user:password@host/path/, or in $" + MIRROR_CREDENTIALS_ENV_VAR + ")"
+                )
             if not is_transient(exc):
                 return None, error, False
             return None, f"{error} (after {tries} attempt(s))", True
+
+
+def _masked_error(text: str, url: str) -> str:
+    """``text`` with ``url`` (and the URL without its credentials) masked, wherever it appears."""
+    return redact_text(text.replace(url, mask_url(url)))
 
 
 def _copy_to(url: str, tmp: str, timeout_s: float, storage_options: dict[str, Any]) -> str:
     """Stream ``url`` into the file ``tmp``; return the md5 of what was written."""
     scheme = urllib.parse.urlsplit(url).scheme.lower() if is_url(url) else ""
     if scheme in ("http", "https"):
-        request = urllib.request.Request(url, headers={"User-Agent": "trainlib"})
+        # Basic auth from the URL's own user-info (never sent as part of the host name) or from the credentials
+        # the command moved out of the flow run's parameters (tasks.domain.credentials).
+        headers = {"User-Agent": "trainlib"}
+        authorization = mirror_authorization(url)
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        request = urllib.request.Request(split_credentials(url).url, headers=headers)
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             length = response.headers.get("Content-Length")
             md5, size = _stream(response, tmp)
