@@ -39,6 +39,9 @@ DEFAULT_TIMEOUT_S = 60.0  # per socket operation of one HTTP download
 DEFAULT_ATTEMPTS = 3  # tries per mirror on transient errors
 DEFAULT_BACKOFF_S = 1.0  # about the wait before the 2nd try; doubles for each further one
 CHUNK_BYTES = 1 << 20
+# The most one data-set file may take when its size is not announced (no Content-Length): a mirror that streams
+# without end stops here instead of filling the disk. The largest known file (FashionMNIST's training images) is 26 MB.
+DEFAULT_MAX_FILE_BYTES = 1 << 30
 
 
 class DatasetDownloadError(RuntimeError):
@@ -97,6 +100,7 @@ def fetch_dataset(
     attempts_per_mirror: int = DEFAULT_ATTEMPTS,
     backoff_s: float = DEFAULT_BACKOFF_S,
     storage_options: Mapping[str, Any] | None = None,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> DatasetFiles:
     """Make every file of data set ``name`` present and md5-verified in ``cache_dir/name/``.
 
@@ -120,6 +124,8 @@ def fetch_dataset(
             decides.
         backoff_s: about the wait before the second try (jittered); doubles for each further one.
         storage_options: passed to fsspec for fsspec mirrors (e.g. an S3 endpoint).
+        max_file_bytes: the most one file may take; a download stops at its announced size (Content-Length) or
+            at this bound, whichever is smaller, and that mirror fails with the reason.
 
     Returns:
         The :class:`DatasetFiles`, with which files were downloaded and which cached.
@@ -154,8 +160,16 @@ def fetch_dataset(
         ) from None
 
     fetcher = _Fetcher(
-        spec.name, folder, mirror_list, timeout_s, attempts_per_mirror, backoff_s, dict(storage_options or {})
+        spec.name,
+        folder,
+        mirror_list,
+        timeout_s,
+        attempts_per_mirror,
+        backoff_s,
+        dict(storage_options or {}),
+        max_file_bytes,
     )
+    _sweep_dead_parts(folder)
     paths, downloaded, cached, sources = {}, [], [], {}
     for filename, md5 in expected.items():
         path = os.path.join(folder, filename)
@@ -224,7 +238,9 @@ class _Fetcher:
         attempts: int,
         backoff_s: float,
         storage_options: dict[str, Any],
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     ):
+        self.max_file_bytes = max_file_bytes
         self.dataset = dataset
         self.folder = folder
         self.mirrors = mirrors
@@ -245,7 +261,8 @@ class _Fetcher:
             if mirror in self.down:
                 tried.append((shown, f"skipped, unreachable earlier in this call: {self.down[mirror]}"))
                 continue
-            tmp = os.path.join(self.folder, f".{filename}.{uuid.uuid4().hex}.part")
+            # The pid in the name: a killed fetch's file is swept by the next fetch (_sweep_dead_parts).
+            tmp = os.path.join(self.folder, f".{filename}.{os.getpid()}-{uuid.uuid4().hex}.part")
             try:
                 actual, error, transient = self._download(url, tmp)
                 if error is not None:
@@ -296,7 +313,7 @@ class _Fetcher:
         def copy() -> str:
             nonlocal tries
             tries += 1
-            return _copy_to(url, tmp, self.timeout_s, self.storage_options)
+            return _copy_to(url, tmp, self.timeout_s, self.storage_options, self.max_file_bytes)
 
         try:
             return (
@@ -328,8 +345,12 @@ def _masked_error(text: str, url: str) -> str:
     return redact_text(text.replace(url, mask_url(url)))
 
 
-def _copy_to(url: str, tmp: str, timeout_s: float, storage_options: dict[str, Any]) -> str:
-    """Stream ``url`` into the file ``tmp``; return the md5 of what was written."""
+def _copy_to(url: str, tmp: str, timeout_s: float, storage_options: dict[str, Any], max_bytes: int) -> str:
+    """Stream ``url`` into the file ``tmp``; return the md5 of what was written.
+
+    Raises:
+        DownloadTooLargeError: more bytes came than announced (Content-Length) or than ``max_bytes``.
+    """
     scheme = urllib.parse.urlsplit(url).scheme.lower() if is_url(url) else ""
     if scheme in ("http", "https"):
         # Basic auth from the URL's own user-info (never sent as part of the host name) or from the credentials
@@ -341,30 +362,63 @@ def _copy_to(url: str, tmp: str, timeout_s: float, storage_options: dict[str, An
         request = urllib.request.Request(split_credentials(url).url, headers=headers)
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             length = response.headers.get("Content-Length")
-            md5, size = _stream(response, tmp)
-            if length is not None and size != int(length):
-                raise http.client.IncompleteRead(b"", int(length) - size)
+            announced = int(length) if length is not None and length.isdigit() else None
+            md5, size = _stream(response, tmp, min(max_bytes, announced) if announced is not None else max_bytes)
+            if announced is not None and size != announced:
+                raise http.client.IncompleteRead(b"", announced - size)
             return md5
     if scheme == "file":
         path = urllib.request.url2pathname(urllib.parse.urlsplit(url).path)
         with open(path, "rb") as src:
-            return _stream(src, tmp)[0]
+            return _stream(src, tmp, max_bytes)[0]
     if scheme == "":
         with open(url, "rb") as src:
-            return _stream(src, tmp)[0]
+            return _stream(src, tmp, max_bytes)[0]
     with fsspec.open(url, "rb", **storage_options) as src:
-        return _stream(src, tmp)[0]
+        return _stream(src, tmp, max_bytes)[0]
 
 
-def _stream(src: Any, tmp: str) -> tuple[str, int]:
+class DownloadTooLargeError(ValueError):
+    """A mirror sent more than the file's announced size or the bound: stopped (not retried)."""
+
+
+def _stream(src: Any, tmp: str, limit: int) -> tuple[str, int]:
     digest = hashlib.md5(usedforsecurity=False)
     size = 0
     with open(tmp, "wb") as out:
-        while chunk := src.read(CHUNK_BYTES):
+        while chunk := src.read(min(CHUNK_BYTES, limit - size + 1)):
+            size += len(chunk)
+            if size > limit:
+                raise DownloadTooLargeError(
+                    f"the mirror sent more than {limit} bytes ({limit / 2**20:.1f} MiB, its announced size or "
+                    "max_file_bytes): stopped. A mirror that streams without end is broken or is not a data-set "
+                    "mirror; if the file really is that big, pass a larger max_file_bytes."
+                )
             digest.update(chunk)
             out.write(chunk)
-            size += len(chunk)
     return digest.hexdigest(), size
+
+
+def _sweep_dead_parts(folder: str) -> None:
+    """Remove the temporary files of fetches whose process is gone (killed mid-download)."""
+    for name in os.listdir(folder):
+        if not (name.startswith(".") and name.endswith(".part")):
+            continue
+        try:
+            pid = int(name[: -len(".part")].rsplit(".", 1)[1].split("-", 1)[0])
+        except (IndexError, ValueError):
+            continue  # not ours
+        try:
+            os.kill(pid, 0)
+            continue  # still fetching
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.remove(os.path.join(folder, name))
+        except FileNotFoundError:
+            pass
 
 
 def md5_file(path: str) -> str:
