@@ -99,6 +99,7 @@ class Controller:
         self.callback_runner = CallbackRunner(callbacks)  # hooks run off the commit path
         self.lease = lease  # checked before each commit
         self._warned_shared: set[str] = set()
+        self._warned_uncommittable = False
         self.run_info = run_info
         self.external_checkpoint = start_checkpoint
         self.metrics_rows = list(metrics_rows or [])
@@ -216,6 +217,10 @@ class Controller:
                 timeout = poll if timeout is None else min(timeout, poll)
             for message in group.wait(timeout):
                 if isinstance(message, ReportMessage):
+                    if done and not done <= set(pending.get(message.step, {})):
+                        # A rank that finished makes no more reports: this one is never committed. Its folder goes
+                        # now, so that a straggler reporting on and on leaves no pile of uncommitted checkpoints.
+                        self._drop_uncommittable(message)
                     self._add_report(pending, committed_steps, world_size, message)
                 elif isinstance(message, DoneMessage):
                     done.add(message.rank)
@@ -322,6 +327,21 @@ class Controller:
                 step=step, metrics=metrics, checkpoint=checkpoint, attempt=self.attempt, reported_at=row["time"]
             ),
         )
+
+    def _drop_uncommittable(self, message: ReportMessage) -> None:
+        if message.manifest is None or (message.placement is not None and message.placement.in_place):
+            return  # no checkpoint, or the user's own folder
+        path = self.storage.checkpoint_path(message.step, message.placement.dir_name if message.placement else None)
+        if not self._warned_uncommittable:
+            self._warned_uncommittable = True
+            logger.warning(
+                "Rank %d reported step %d after another rank finished: that report and later ones cannot be "
+                "committed, so their checkpoint folders are deleted as they arrive (%s).",
+                message.rank,
+                message.step,
+                self.storage.uri(path),
+            )
+        self.storage.delete_checkpoint(path)
 
     def _merge_manifests(self, step: int, path: str, manifests: dict[int, dict[str, int]]) -> dict[str, int]:
         merged, shared = merge_manifests(manifests)
