@@ -131,12 +131,31 @@ def parse_params(argv: list[str] | None = None) -> tuple[PipelineParams, argpars
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
 
 
+def home_problem(root: str) -> str | None:
+    """Why the pipeline's home ``root`` cannot be used (made, then written: a probe file), or None."""
+    probe = os.path.join(root, f".write-probe-{os.getpid()}")
+    try:
+        os.makedirs(root, exist_ok=True)
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as exc:
+        return (
+            f"the pipeline's home {root} cannot be written ({type(exc).__name__}: {exc.strerror or exc}). Pass "
+            f"--home with a writable folder, or set ${HOME_ENV_VAR} to one."
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     params, args = parse_params(argv)
     if args.home:
         os.environ[HOME_ENV_VAR] = expand_path(args.home)  # the flow resolves the same home from it
     home = PipelineHome.resolve()
-    os.makedirs(home.root, exist_ok=True)
+    problem = home_problem(home.root)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
     mirrors = params.mirrors or [m for m in os.environ.get(MIRRORS_ENV_VAR, "").split(",") if m.strip()]
     print(
         f"Data: {params.dataset} from "
