@@ -11,42 +11,69 @@ from typing import Any
 
 import fsspec
 
+from tasks.domain.credentials import mirror_authorization
 from tasks.domain.urls import is_url
+from trainlib.masking import split_credentials
 
 CHUNK_BYTES = 1 << 20
 
 
-def copy_to_file(url: str, tmp: str, timeout_s: float, storage_options: dict[str, Any]) -> str:
-    """Stream ``url`` into the file ``tmp``; return the md5 of what was written."""
+def copy_to_file(url: str, tmp: str, timeout_s: float, storage_options: dict[str, Any], max_bytes: int) -> str:
+    """Stream ``url`` into the file ``tmp``; return the md5 of what was written.
+
+    Raises:
+        DownloadTooLargeError: more bytes came than announced (Content-Length) or than ``max_bytes``.
+    """
     scheme = urllib.parse.urlsplit(url).scheme.lower() if is_url(url) else ""
     if scheme in ("http", "https"):
-        request = urllib.request.Request(url, headers={"User-Agent": "trainlib"})
+        # Basic auth from the URL's own user-info (never sent as part of the host name) or from the credentials
+        # the command moved out of the flow run's parameters (tasks.domain.credentials).
+        headers = {"User-Agent": "trainlib"}
+        authorization = mirror_authorization(url)
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        request = urllib.request.Request(split_credentials(url).url, headers=headers)
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             length = response.headers.get("Content-Length")
-            md5, size = stream_to_file(response, tmp)
-            if length is not None and size != int(length):
-                raise http.client.IncompleteRead(b"", int(length) - size)
+            announced = int(length) if length is not None and length.isdigit() else None
+            md5, size = stream_to_file(response, tmp, min(max_bytes, announced) if announced is not None else max_bytes)
+            if announced is not None and size != announced:
+                raise http.client.IncompleteRead(b"", announced - size)
             return md5
     if scheme == "file":
         path = urllib.request.url2pathname(urllib.parse.urlsplit(url).path)
         with open(path, "rb") as src:
-            return stream_to_file(src, tmp)[0]
+            return stream_to_file(src, tmp, max_bytes)[0]
     if scheme == "":
         with open(url, "rb") as src:
-            return stream_to_file(src, tmp)[0]
+            return stream_to_file(src, tmp, max_bytes)[0]
     with fsspec.open(url, "rb", **storage_options) as src:
-        return stream_to_file(src, tmp)[0]
+        return stream_to_file(src, tmp, max_bytes)[0]
 
 
-def stream_to_file(src: Any, tmp: str) -> tuple[str, int]:
-    """Copy the readable ``src`` into the file ``tmp``; return the md5 and the size of what was written."""
+class DownloadTooLargeError(ValueError):
+    """A mirror sent more than the file's announced size or the bound: stopped (not retried)."""
+
+
+def stream_to_file(src: Any, tmp: str, limit: int) -> tuple[str, int]:
+    """Copy the readable ``src`` into the file ``tmp``, at most ``limit`` bytes; return the md5 and the size.
+
+    Raises:
+        DownloadTooLargeError: ``src`` holds more than ``limit`` bytes.
+    """
     digest = hashlib.md5(usedforsecurity=False)
     size = 0
     with open(tmp, "wb") as out:
-        while chunk := src.read(CHUNK_BYTES):
+        while chunk := src.read(min(CHUNK_BYTES, limit - size + 1)):
+            size += len(chunk)
+            if size > limit:
+                raise DownloadTooLargeError(
+                    f"the mirror sent more than {limit} bytes ({limit / 2**20:.1f} MiB, its announced size or "
+                    "max_file_bytes): stopped. A mirror that streams without end is broken or is not a data-set "
+                    "mirror; if the file really is that big, pass a larger max_file_bytes."
+                )
             digest.update(chunk)
             out.write(chunk)
-            size += len(chunk)
     return digest.hexdigest(), size
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import io
+import os
 import posixpath
+import stat
 import struct
 import zlib
 from collections.abc import Mapping
@@ -33,6 +35,10 @@ ACCEPTED = (
     "an idx image file (e.g. t10k-images-idx3-ubyte.gz), a .npy array of uint8 images [N, 28, 28] "
     "(or [N, 784], [N, 1, 28, 28]), or a folder of 28x28 PNG images"
 )
+
+
+# The most bytes one scoring input may take, read or decompressed (a gzip bomb, /dev/zero): 1.3 million images.
+MAX_INPUT_BYTES = 1 << 30
 
 
 class ImageSourceError(ValueError):
@@ -87,8 +93,7 @@ def read_images(url: str, storage_options: Mapping[str, Any] | None = None) -> I
     if is_dir:
         ids, pixels = _read_png_folder(fs, path, url)
     else:
-        with fs.open(path, "rb") as f:
-            data = f.read()
+        data = _read_regular_file(fs, path, url)
         name = posixpath.basename(path)
         if name.endswith(".npy"):
             pixels = _from_npy(data, url)
@@ -102,12 +107,44 @@ def read_images(url: str, storage_options: Mapping[str, Any] | None = None) -> I
     return ImageSet(source=url, ids=ids, pixels=pixels)
 
 
-def _from_idx(data: bytes, url: str) -> np.ndarray:
+def _read_regular_file(fs: Any, path: str, url: str) -> bytes:
+    """The bytes of a regular file of at most :data:`MAX_INPUT_BYTES` (a FIFO would hang, a device never end)."""
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise ImageSourceError(
+                f"{url} is not a regular file (a pipe, device or socket), which scoring does not read. Pass {ACCEPTED}."
+            )
+    size = fs.size(path)
+    if size is not None and size > MAX_INPUT_BYTES:
+        raise ImageSourceError(
+            f"{url} has {size} bytes; a scoring input may have at most {MAX_INPUT_BYTES}. Split it into several "
+            "files and score each."
+        )
+    with fs.open(path, "rb") as f:
+        return f.read(MAX_INPUT_BYTES + 1)
+
+
+def _gunzip(data: bytes, url: str) -> bytes:
+    """``data`` decompressed, stopping past :data:`MAX_INPUT_BYTES` (a small gzip may expand without bound)."""
+    out = io.BytesIO()
     try:
-        if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            while chunk := stream.read(1 << 20):
+                out.write(chunk)
+                if out.tell() > MAX_INPUT_BYTES:
+                    raise ImageSourceError(
+                        f"{url} expands to more than {MAX_INPUT_BYTES} bytes; a scoring input may have at most that "
+                        "many. Split it into several files and score each."
+                    )
     except (OSError, EOFError, zlib.error) as exc:
         raise ImageSourceError(f"{url} is not a readable gzip file ({exc}). Pass {ACCEPTED}.") from None
+    return out.getvalue()
+
+
+def _from_idx(data: bytes, url: str) -> np.ndarray:
+    if data[:2] == b"\x1f\x8b":
+        data = _gunzip(data, url)
     if len(data) < 16 or struct.unpack(">I", data[:4])[0] != IDX_IMAGES_MAGIC:
         raise ImageSourceError(f"{url} is not an idx image file (wrong magic number). Pass {ACCEPTED}.")
     n, rows, cols = struct.unpack(">III", data[4:16])
@@ -134,14 +171,27 @@ def _from_npy(data: bytes, url: str) -> np.ndarray:
             f"{url} holds an array of shape {list(array.shape)}; expected [N, 28, 28], [N, 784] or [N, 1, 28, 28]."
         )
     if array.dtype != np.uint8:
-        if not np.issubdtype(array.dtype, np.number) or array.size and (array.min() < 0 or array.max() > 255):
+        if not np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.complexfloating):
+            raise ImageSourceError(f"{url} holds {array.dtype} values; expected uint8 pixels 0..255.")
+        if array.size and not np.isfinite(array).all():
+            raise ImageSourceError(
+                f"{url} holds NaN or infinite values (first at image {int(np.argwhere(~np.isfinite(array))[0][0])}); "
+                "expected pixels 0..255. Fix or drop those images."
+            )
+        if array.size and (array.min() < 0 or array.max() > 255):
             raise ImageSourceError(f"{url} holds {array.dtype} values outside 0..255; expected uint8 pixels.")
+        if np.issubdtype(array.dtype, np.floating) and array.size and 0 < array.max() <= 1:
+            raise ImageSourceError(
+                f"{url} holds {array.dtype} values in 0..1, which the model would read as black images: it takes "
+                "pixels 0..255. Scale them first: np.rint(images * 255).astype(np.uint8)."
+            )
         array = np.rint(array).astype(np.uint8)
     return array
 
 
 def _read_png_folder(fs: Any, path: str, url: str) -> tuple[tuple[str, ...], np.ndarray]:
     from PIL import Image, UnidentifiedImageError
+    from PIL.Image import DecompressionBombError
 
     names = sorted(p for p in fs.ls(path, detail=False) if p.lower().endswith(".png"))
     images = []
@@ -150,8 +200,10 @@ def _read_png_folder(fs: Any, path: str, url: str) -> tuple[tuple[str, ...], np.
             with fs.open(name, "rb") as f:
                 image = Image.open(io.BytesIO(f.read()))
                 image.load()
-        except (UnidentifiedImageError, OSError) as exc:
-            raise ImageSourceError(f"{url}: {posixpath.basename(name)} is not a readable PNG ({exc}).") from None
+        except (UnidentifiedImageError, OSError, DecompressionBombError, ValueError) as exc:
+            raise ImageSourceError(
+                f"{url}: {posixpath.basename(name)} is not a readable PNG ({type(exc).__name__}: {exc})."
+            ) from None
         if image.size != (SIDE, SIDE):
             raise ImageSourceError(
                 f"{url}: {posixpath.basename(name)} is {image.size[0]}x{image.size[1]}; the model "

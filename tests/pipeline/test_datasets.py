@@ -286,7 +286,7 @@ def test_credentials_in_urls_are_masked(tmp_path, generated):
         fetch_dataset("fashion-mnist", tmp_path / "cache", [url], md5s=md5s, attempts_per_mirror=1, **FAST)
     text = str(info.value) + repr(info.value.attempts)
     assert "hunter2-secret" not in text and "also-secret" not in text
-    assert f"***@127.0.0.1:{port}" in text
+    assert f"user:[REDACTED]@127.0.0.1:{port}" in text and "token=[REDACTED]" in text
 
 
 def test_error_is_picklable(tmp_path, generated):

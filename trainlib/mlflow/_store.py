@@ -64,14 +64,18 @@ def probe_tracking_server(tracking_uri: str, timeout_s: float | None = None) -> 
     import urllib.error
     import urllib.request
 
-    from trainlib._internal.util.masking import redact_url
+    from trainlib._internal.util.masking import redact_url, split_credentials
     from trainlib.mlflow.errors import TrackingError
 
     if not tracking_uri.startswith(("http://", "https://")):
         return
     timeout_s = tunables.MLFLOW_PROBE_TIMEOUT_S if timeout_s is None else timeout_s
+    # Credentials in the URI go as MLflow's client sends them (basic auth), never as part of the host name.
+    parts = split_credentials(tracking_uri)
+    headers = {"Authorization": parts.basic_auth} if parts.basic_auth else {}
     try:
-        with urllib.request.urlopen(tracking_uri.rstrip("/") + "/health", timeout=timeout_s):
+        request = urllib.request.Request(parts.url.rstrip("/") + "/health", headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout_s):
             return
     except urllib.error.HTTPError:
         return  # it answered
