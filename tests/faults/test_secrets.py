@@ -21,7 +21,7 @@ from tasks.domain.generated_dataset import write_idx_dataset
 from tasks.domain.reachability import problems
 from tasks.domain.urls import mask_url
 from trainlib.masking import redact_text
-from trainlib.mlflow.store import probe_tracking_server
+from trainlib.mlflow import probe_tracking_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
