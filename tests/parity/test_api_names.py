@@ -60,13 +60,26 @@ RAY_TRAIN_TORCH = [
     "prepare_optimizer",
 ]
 RAY_TRAIN_COLLECTIVE = ["barrier", "broadcast_from_rank_zero"]
+RAY_TRAIN_LIGHTNING = [
+    "RayDDPStrategy",
+    "RayDeepSpeedStrategy",
+    "RayFSDPStrategy",
+    "RayLightningEnvironment",
+    "RayTrainReportCallback",
+    "prepare_trainer",
+]
+RAY_TRAIN_TRANSFORMERS = ["RayTrainReportCallback", "prepare_trainer"]
 
 # Ray Train module -> (trainlib module, Ray's public names).
 MIRRORED = {
     "ray.train": ("trainlib", RAY_TRAIN),
     "ray.train.torch": ("trainlib.torch", RAY_TRAIN_TORCH),
     "ray.train.collective": ("trainlib.collective", RAY_TRAIN_COLLECTIVE),
+    # Optional extras (trainlib[lightning], trainlib[transformers]): checked where the framework is installed.
+    "ray.train.lightning": ("trainlib.lightning", RAY_TRAIN_LIGHTNING),
+    "ray.train.huggingface.transformers": ("trainlib.huggingface.transformers", RAY_TRAIN_TRANSFORMERS),
 }
+FRAMEWORK = {"trainlib.lightning": "lightning", "trainlib.huggingface.transformers": "transformers"}
 # Ray Train's public modules that trainlib deliberately does not mirror, and why.
 NOT_MIRRORED = {
     # Other frameworks' trainers: trainlib is built for PyTorch (torch.distributed) only.
@@ -76,9 +89,6 @@ NOT_MIRRORED = {
     "ray.train.lightgbm": "LightGBM",
     # PyTorch/XLA (TPUs): trainlib's backends are gloo (CPU) and NCCL (CUDA).
     "ray.train.torch.xla": "TorchXLAConfig",
-    # Not built yet: Lightning and Hugging Face Transformers integrations.
-    "ray.train.lightning": "Lightning",
-    "ray.train.huggingface.transformers": "Transformers",
 }
 NOT_BUILT = {
     "BackendConfig": "TorchConfig",
@@ -96,6 +106,8 @@ NOT_BUILT = {
 
 @pytest.mark.parametrize("module, name", [(module, n) for module, names in MIRRORED.values() for n in names])
 def test_each_ray_train_name_imports_or_says_what_to_use_instead(module, name):
+    if module in FRAMEWORK:
+        pytest.importorskip(FRAMEWORK[module])
     namespace: dict = {}
     statement = f"from {module} import {name}"
     if name not in NOT_BUILT:
@@ -157,3 +169,19 @@ def test_every_public_ray_train_module_is_mirrored_or_listed_as_not():
     assert not unaccounted, f"Ray Train modules neither mirrored nor listed in NOT_MIRRORED: {unaccounted}"
     for ray_module, (_, names) in MIRRORED.items():
         assert sorted(names) == public[ray_module], ray_module
+
+
+def test_the_optional_integrations_are_imported_only_when_used():
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    probe = (
+        "import sys, trainlib, trainlib.torch, trainlib.collective; "
+        "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers', 'accelerate') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env={"PYTHONPATH": REPO_ROOT}
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
