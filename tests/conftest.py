@@ -78,6 +78,36 @@ def processes_whose_command_line(match) -> list[str]:
 _handed_out: set[int] = set()
 
 
+def run_script(tmp_path, text: str, data_folder: str | None = None, timeout_s: float = 600):
+    """Run a training script's ``text`` as ``python script.py`` in a fresh process (its own embedded Ray), in
+    ``tmp_path``, with ``TMPDIR`` and ``HOME`` there; ``data_folder``'s FashionMNIST files are first placed where
+    ``torchvision.datasets.FashionMNIST(os.path.join(tempfile.gettempdir(), "data"))`` finds them. Returns the
+    ``subprocess.CompletedProcess``."""
+    import subprocess
+    import sys
+
+    from tasks.domain.torchvision_layout import torchvision_layout
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir(exist_ok=True)
+    if data_folder is not None:
+        torchvision_layout(data_folder, tmpdir / "data")
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    # RAY_TMPDIR keeps Ray's socket paths short (AF_UNIX paths are limited to 107 bytes).
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmpdir),
+        "RAY_TMPDIR": "/tmp",
+        "HOME": str(tmp_path / "home"),
+        "PYTHONPATH": REPO_ROOT,
+    }
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+
+
 def free_port(ip: str = "127.0.0.1") -> int:
     """A port free on ``ip`` now, never one this process handed out before.
 

@@ -82,3 +82,12 @@ ELASTIC_SETTLE_S = 2.0
 # and kept (up to this much free at its top), the faults stop (docs/benchmarks.md, "Steady state (kept)").
 WORKER_MALLOC_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's own ceiling for its adaptive threshold
 WORKER_MALLOC_TRIM_THRESHOLD_BYTES = 64 * 1024 * 1024
+
+# trainlib.collective (barrier, broadcast_from_rank_zero): Ray Train's environment variables and defaults. No
+# timeout unless set (a rank that never arrives still ends: its group fails or straggler_timeout_s fires), and a
+# warning naming the missing ranks on rank 0 at this interval while it waits.
+COLLECTIVE_TIMEOUT_S_ENV_VAR = "RAY_TRAIN_COLLECTIVE_TIMEOUT_S"
+COLLECTIVE_WARN_INTERVAL_S_ENV_VAR = "RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S"
+DEFAULT_COLLECTIVE_WARN_INTERVAL_S = 60.0
+# broadcast_from_rank_zero warns above this many pickled bytes (it is meant for small data, as in Ray Train).
+MAX_BROADCAST_SIZE_BYTES = 1000

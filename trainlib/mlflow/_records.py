@@ -52,7 +52,7 @@ def send_record(client: MlflowClient, record: dict[str, Any]) -> None:
             client.log_batch(run_id, **{kind: entries[i : i + size]}, synchronous=True)
     elif kind == "artifacts":
         checkpoint = record.get("_checkpoint") or Checkpoint.from_uri(record["source"])
-        if not checkpoint.filesystem.exists(checkpoint.path):
+        if not checkpoint._fs.exists(checkpoint.path):
             raise MlflowException(
                 f"checkpoint {record['source']} no longer exists (deleted by retention?)",
                 error_code=RESOURCE_DOES_NOT_EXIST,  # the proto's code: MLflow reads a string as INTERNAL_ERROR

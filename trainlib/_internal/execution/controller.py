@@ -29,7 +29,7 @@ from trainlib._internal.execution.callback_runner import CallbackRunner
 from trainlib._internal.execution.commit import check_arrived, commit_folder, write_metadata
 from trainlib._internal.execution.failures import FailurePolicy, ranks_text, root_cause, straggler_error, worker_error
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
-from trainlib._internal.execution.monitor import PreemptionWatcher, ScalingPolicy
+from trainlib._internal.execution.monitor import PreemptionWatcher, ScalingPolicy, steps_without
 from trainlib._internal.execution.placement import RankPlan
 from trainlib._internal.execution.spec import AttemptSpec, Placement
 from trainlib._internal.storage.commits import CommittedCheckpoint, merge_manifests
@@ -89,6 +89,8 @@ class Controller:
         self.policy = FailurePolicy(failure_config.max_failures)
         self.straggler_timeout_s = failure_config.straggler_timeout_s
         self.preemption_policy = FailurePolicy(failure_config.max_preemption_failures)
+        self.relax_on_preemption = failure_config.relax_collectives_on_preemption
+        self.preemption_grace_s = failure_config.preemption_grace_s
         self.scaling_policy = scaling_policy  # elastic sizing and growth; None: a fixed group, no monitoring
         self.watcher = PreemptionWatcher() if scaling_policy is not None else None
         self.metadata = metadata
@@ -229,12 +231,18 @@ class Controller:
                     first_done_at = first_done_at or time.monotonic()
                 else:
                     failures = [worker_error(message, plan)]
+                    preempted = self.watcher.ranks_on_drained(self._node_ids) if self.watcher else set()
                     # Reports that every rank made before the failure are not lost.
-                    for late in group.flush(tunables.FLUSH_AFTER_FAILURE_S):
+                    flush_s = tunables.FLUSH_AFTER_FAILURE_S + (self.preemption_grace_s if preempted else 0.0)
+                    for late in group.flush(flush_s):
                         if isinstance(late, ReportMessage):
                             self._add_report(pending, committed_steps, world_size, late)
                         elif isinstance(late, FailedMessage):
                             failures.append(worker_error(late, plan))
+                    if preempted and self.relax_on_preemption:  # the steps every surviving rank reported
+                        for step in steps_without(preempted, pending, world_size):
+                            self._commit(step, pending.pop(step))
+                            committed_steps.add(step)
                     self.last_failures = failures
                     return root_cause(failures)
             if self.scaling_policy is not None and not done:  # both rate-limit themselves

@@ -78,6 +78,8 @@ class WorkerSession:
         self.metadata = metadata
         self.dataset_shards = dataset_shards or {}
         self.preemption: Any = None  # a trainlib.PreemptionInfo once the driver sees a node of the run draining
+        self.collective_actor: Any = None  # the attempt's trainlib.collective actor, once a collective is called
+        self.collective_seq = 0  # the number of this rank's next collective call (the same on every rank)
         self.outbox = outbox
         self._uploads: queue.Queue = queue.Queue(maxsize=tunables.MAX_PENDING_UPLOADS_PER_WORKER)
         self._in_report = False  # the training thread is inside report()
