@@ -27,6 +27,7 @@ from typing import Any
 import fsspec
 import pandas as pd
 
+from tasks.domain.champion import alias_version, registry_call
 from tasks.domain.image_source import ImageSet
 from tasks.domain.urls import mask_url
 
@@ -74,16 +75,19 @@ def resolve_alias(model_name: str, alias: str, tracking_uri: str) -> ResolvedMod
     Raises:
         ModelAliasError: no such registered model, or it has no such alias; the message names both
             and how to create a champion.
+        DanglingAliasError: the alias points at a deleted version (named).
+        RegistryUnavailableError: the registry stayed locked (never read as "no such model").
     """
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    try:
-        version = client.get_model_version_by_alias(model_name, alias)
-    except MlflowException as exc:
+    # Retried while the registry is locked; an alias pointing at a deleted version names it (tasks.domain.champion).
+    version = alias_version(client, model_name, alias)
+    if version is None:
         try:
-            known = sorted(client.get_registered_model(model_name).aliases)
+            model = registry_call(f"reading model {model_name!r}", lambda: client.get_registered_model(model_name))
+            known = sorted(model.aliases)
             what = f"Registered model {model_name!r} has no alias {alias!r} (its aliases: {known or 'none'})"
         except MlflowException:
             what = f"There is no registered model {model_name!r}"
@@ -91,8 +95,8 @@ def resolve_alias(model_name: str, alias: str, tracking_uri: str) -> ResolvedMod
             f"{what} in MLflow at {mask_url(tracking_uri)}. Create a champion by running the training pipeline "
             "(`python -m flows.main` or the fashion-mnist-retrain deployment), which registers a version and "
             f"promotes it; or point the alias at an existing version: MlflowClient().set_registered_model_alias("
-            f"{model_name!r}, {alias!r}, '<version>'). ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
-        ) from None
+            f"{model_name!r}, {alias!r}, '<version>')."
+        )
     return ResolvedModel(
         name=model_name,
         alias=alias,

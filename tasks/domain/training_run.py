@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import time
 from typing import Any
@@ -26,6 +27,9 @@ from tasks.domain.staging import StagedDataset
 from tasks.domain.training_loop import train_func
 from tasks.domain.urls import expand_path, join_url
 from trainlib.torch import TorchTrainer
+
+RUN_RECORD_FILE = "trainlib_run.json"  # a run folder's record (docs/storage.md): its train_loop_config among others
+SAME_RUN_KEYS = ("dataset", "recipe")  # what a run of the same name must share to be continued or reused
 
 logger = logging.getLogger("trainlib")
 
@@ -162,6 +166,7 @@ def run_training(
             failure_config=trainlib.FailureConfig(max_failures=settings.max_failures),
         ),
     )
+    check_same_training(join_url(settings.storage_path, settings.run_name), training_config(settings, dataset))
     started = time.perf_counter()
     try:
         result = trainer.fit()
@@ -176,11 +181,49 @@ def chosen_checkpoint(result: trainlib.Result) -> trainlib.Checkpoint:
     if result.best_checkpoints:
         return result.best_checkpoints[-1][0]  # Ray Train's order: best last
     if result.checkpoint is None:
+        frame = result.metrics_dataframe
+        named = [] if frame is None or "checkpoint" not in frame else [c for c in frame["checkpoint"] if c]
+        if named:
+            raise RuntimeError(
+                f"Training run {result.path} committed checkpoints ({', '.join(named[-3:])}), but none is left in "
+                "its folder: they were deleted. Train again under a new run name (--run-name, or leave it unset), "
+                "or delete that run folder and run again."
+            )
         raise RuntimeError(
             f"Training run {result.uri} committed no checkpoint: the training function must "
             "report one with trainlib.report(metrics, checkpoint=...)."
         )
     return result.checkpoint
+
+
+def check_same_training(run_url: str, config: dict[str, Any]) -> None:
+    """Refuse to continue or reuse the run at ``run_url`` when it was made with another data set or recipe: its
+    checkpoints hold another network (continuing fails with ``size mismatch``, reusing evaluates the wrong model).
+
+    Raises:
+        ValueError: naming the run, what differs and the fix.
+    """
+    import fsspec
+
+    try:
+        with fsspec.open(join_url(run_url, RUN_RECORD_FILE), "r") as f:
+            recorded = json.load(f).get("train_loop_config") or {}
+    except FileNotFoundError:
+        return  # a new run
+    except (OSError, ValueError, AttributeError):
+        return  # unreadable: trainlib's own checks report it when it opens the run
+    now = json.loads(json.dumps({key: config.get(key) for key in SAME_RUN_KEYS}, default=str))
+    differences = [
+        f"{key} {recorded[key]!r} there, {now[key]!r} now"
+        for key in SAME_RUN_KEYS
+        if key in recorded and recorded[key] != now[key]
+    ]
+    if differences:
+        raise ValueError(
+            f"Training run {run_url} was made with another data set or recipe ({'; '.join(differences)}), so it is "
+            "neither continued nor reused. Pass another --run-name (or none: each pipeline run then gets its own), "
+            "or delete that run folder."
+        )
 
 
 def training_outcome(fit: FitResult, mlflow_run_id: str | None, architecture: str) -> TrainingOutcome:

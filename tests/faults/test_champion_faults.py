@@ -137,6 +137,10 @@ def test_a_dangling_alias_names_its_missing_version_and_no_model_is_no_champion(
         db.execute("DELETE FROM model_versions WHERE name = ?", (model,))
     with pytest.raises(DanglingAliasError, match=rf"points to version {champion.version}, which does not exist"):
         alias_version(client, model)
+    from tasks.domain.batch_scoring import resolve_alias
+
+    with pytest.raises(DanglingAliasError, match=rf"points to version {champion.version}"):  # the scoring flow's
+        resolve_alias(model, "champion", registry["uri"])
 
 
 def test_a_locked_registry_is_retried_and_never_read_as_no_champion(registry, monkeypatch):

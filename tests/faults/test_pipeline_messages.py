@@ -1,5 +1,6 @@
-"""The pipeline command's smaller messages: an unwritable home is one line and exit 2; a second command on a fresh
-home waits for the first one's Prefect start (a lock file) or says so."""
+"""The pipeline's smaller messages: an unwritable home is one line and exit 2; a second command on a fresh home waits
+for the first one's Prefect start (a lock file) or says so; a run name reused with another recipe, or a run whose
+checkpoints were deleted, says what happened and what to do."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 
 import pytest
 
+import trainlib
 from flows.main import main
 from flows.prefect_server import START_LOCK_FILE, start_lock
 from tasks.domain.home import PipelineHome
@@ -37,3 +39,34 @@ def test_a_second_start_on_one_home_waits_for_the_first_or_says_so(tmp_path, mon
         fcntl.flock(other, fcntl.LOCK_UN)
     with start_lock(home, timeout_s=0.5):  # free again
         pass
+
+
+def recipe_train_func(config):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        with open(os.path.join(folder, "model.pt"), "w") as f:
+            f.write(config["recipe"]["name"])
+        trainlib.report({"val_accuracy": 0.5}, checkpoint=trainlib.Checkpoint.from_directory(folder))
+
+
+@pytest.mark.integration
+def test_a_run_name_reused_with_another_recipe_or_deleted_checkpoints_says_so(ray_session, storage_path):
+    import shutil
+
+    from tasks.domain.training_run import check_same_training, chosen_checkpoint
+
+    config = {"dataset": "fashion-mnist", "recipe": {"name": "tutorial", "lr": 0.001}}
+    result = trainlib.DataParallelTrainer(
+        recipe_train_func,
+        train_loop_config=config,
+        run_config=trainlib.RunConfig(name="reused", storage_path=storage_path, verbose=False),
+    ).fit()
+    check_same_training(result.path, config)  # a retry of the same run: continued or reused
+    other = {**config, "recipe": {"name": "augmented", "lr": 0.05}}
+    with pytest.raises(ValueError, match=r"another data set or recipe \(recipe .*'tutorial'.* there, .*'augmented'"):
+        check_same_training(result.path, other)
+
+    shutil.rmtree(result.checkpoint.path)
+    with pytest.raises(RuntimeError, match=r"committed checkpoints \(checkpoint_000001\), but none is left"):
+        chosen_checkpoint(trainlib.Result.from_path(result.path))
