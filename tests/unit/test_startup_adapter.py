@@ -26,13 +26,12 @@ def _replacement(original):
 
 
 def test_the_installed_versions_are_the_checked_ones():
-    import mlflow
-    import prefect
+    from importlib.metadata import version
 
-    for module in (ray, prefect, mlflow):
-        checked = adapter.CHECKED_VERSIONS[module.__name__]
-        assert module.__version__.split(".")[:2] == checked.split(".")[:2], (module.__name__, module.__version__)
-        assert adapter.version_checked(module.__name__)
+    # Not imported here: mlflow's first import starts a subprocess, which this tier does not.
+    for library, checked in adapter.CHECKED_VERSIONS.items():
+        assert version(library).split(".")[:2] == checked.split(".")[:2], (library, version(library))
+    assert adapter.version_checked("ray")
 
 
 def test_the_checked_ray_gets_the_replacement_only_inside_the_block():

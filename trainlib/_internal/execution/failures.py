@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from ray import cloudpickle  # the pickler of train_fn.py
 
@@ -77,3 +78,28 @@ def root_cause(failures: list[WorkerError]) -> WorkerError:
 def ranks_text(ranks: list[int]) -> str:
     """'rank 1' or 'ranks 1, 2'."""
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def death_cause(ray_text: str, pid: Any, node_ip: Any) -> str:
+    """A dead worker's cause in one line: Ray's exit type and detail, and where to find the exit status.
+
+    Ray does not know a killed process's signal or exit status (its raylet sees a closed
+    connection), so the message says where the kernel recorded it.
+    """
+    import re
+
+    exit_type = re.search(r"Worker exit type: (\w+)", ray_text)
+    detail = re.search(r"Worker exit detail: (.*?\.)(?:\s|$)", ray_text)
+    if exit_type or detail:
+        said = f"Ray's exit type {exit_type.group(1) if exit_type else '?'}: {detail.group(1) if detail else ''}"
+    else:
+        lines = [line.strip() for line in ray_text.strip().splitlines() if line.strip()]
+        said = next(
+            (line for line in lines if "exit" in line.lower() or "killed" in line.lower() or "OOM" in line),
+            lines[0] if lines else "no detail",
+        )
+    return (
+        f"the worker process (pid {pid}) on node {node_ip} died ({said.strip()}). Its exit status is not "
+        f"known to Ray: a SIGKILL, the kernel's OOM killer (`dmesg | grep -i 'killed process {pid}'` on that "
+        "node) or a crash in native code (the worker's log: `ray logs worker` / /tmp/ray/session_latest/logs)"
+    )
