@@ -94,3 +94,25 @@ def test_an_owner_without_the_attribute_is_left_alone():
 
     with adapter.replaced_attribute(Owner, "start_nothing", _replacement) as replaced:
         assert not replaced and not hasattr(Owner, "start_nothing")
+
+
+def test_the_public_face_of_the_layer_is_pinned():
+    import trainlib.startup
+
+    assert sorted(trainlib.startup.__all__) == [
+        "CHECKED_VERSIONS",
+        "LEAN_STARTUP_ENV_VAR",
+        "LeanLocalRay",
+        "LeanStart",
+        "RayUnreachableError",
+        "WORKER_PRELOAD_MODULES",
+        "install_attribute",
+        "keep_step_allocations",
+        "lean_local_start",
+        "lean_startup_enabled",
+        "lean_system_config",
+        "print_whole_lines",
+        "probe_ray_address",
+        "replaced_attribute",
+    ]
+    assert all(getattr(trainlib.startup, name) is not None for name in trainlib.startup.__all__)
