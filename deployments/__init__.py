@@ -1,7 +1,8 @@
 """Deployments of the pipeline. The deployment itself is declared in ``prefect.yaml`` at the
 repository root (``prefect --no-prompt deploy --all`` reads it); these names match it.
 
-Nothing here runs at import time; the names are for scripts and tests that refer to the deployment.
+Nothing here runs at import time. The names are defined here only: the flows (``@flow(name=...)``), the
+alerts, scripts and tests import them.
 """
 
 FLOW_NAME = "training-pipeline"

@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger
 from prefect.context import get_run_context
 from prefect_ray.context import remote_options
 
+from deployments import FLOW_NAME  # the name prefect.yaml's deployment and the alerts refer to
 from flows.heartbeats import end_flow_runs_without_joining_heartbeats
 from flows.params import PipelineParams, default_model_name
 from flows.preflight import check_services
@@ -48,7 +49,6 @@ from tasks.train import train_model
 # Before any flow of this module runs: its runs end without waiting up to 1 s for Prefect's heartbeat thread.
 end_flow_runs_without_joining_heartbeats()
 
-FLOW_NAME = "training-pipeline"
 OTHER_STEPS_TIMEOUT_S = 3600.0  # download + evaluate + register, on top of the train task's timeout
 
 

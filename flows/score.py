@@ -26,6 +26,7 @@ from prefect_ray import RayTaskRunner
 from prefect_ray.context import remote_options
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from deployments import SCORE_FLOW_NAME as FLOW_NAME  # the name prefect.yaml's deployment refers to
 from flows.heartbeats import end_flow_runs_without_joining_heartbeats
 from flows.params import NAME_PATTERN
 from flows.task_runner import cluster_task_runner, current_api_url, local_task_runner, ray_worker_env
@@ -37,8 +38,6 @@ from tasks.score import read_input, resolve_model, score_images_chunk, write_out
 
 # Before any flow of this module runs: its runs end without waiting up to 1 s for Prefect's heartbeat thread.
 end_flow_runs_without_joining_heartbeats()
-
-FLOW_NAME = "score-images"
 
 
 class ScoreParams(BaseModel):

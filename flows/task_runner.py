@@ -3,7 +3,7 @@
 Every task runs on a Ray worker whose environment carries this flow's ``PREFECT_API_URL`` (and
 nothing secret), so all task runs land in the same Prefect server; ephemeral servers are
 switched off there, and trainlib's log records reach the task run logs. On a cluster the
-project's code ships with the job (``runtime_env`` ``py_modules``: trainlib, tasks, flows), so
+project's code ships with the job (``runtime_env`` ``py_modules``: trainlib, tasks, flows, deployments), so
 a node needs Python with the runtime dependencies, not this repository; and before any task
 runs, :func:`check_cluster_reach` refuses addresses that nodes on other hosts cannot use.
 """
@@ -34,7 +34,7 @@ from trainlib.startup import (
     print_whole_lines,
 )
 
-PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
+PROJECT_PACKAGES = ("trainlib", "tasks", "flows", "deployments")  # deployments: the flows' names
 RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray for a submitted job's driver
 LOG_SEND_TIMEOUT_S = 5.0  # the most a task waits, as it ends, for its log lines to reach the Prefect API
 # Ray ends an idle worker once idle workers outnumber the free CPUs and it has idled past this (Ray's default: 1 s).

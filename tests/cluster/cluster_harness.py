@@ -45,7 +45,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 BIN = os.path.dirname(sys.executable)
 HEAD_IP = "127.0.0.2"
 NODE_START_TIMEOUT_S = 120.0
-PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
+PROJECT_PACKAGES = ("trainlib", "tasks", "flows", "deployments")
 
 
 def _free_ports(n: int) -> list[int]:

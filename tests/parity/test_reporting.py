@@ -357,7 +357,7 @@ def test_result_return_value_is_what_rank_0_returned(ray_session, storage_path):
 def test_an_unpicklable_return_value_is_named_in_the_warning(caplog):
     import threading
 
-    from trainlib._internal.execution.session import _pickled_return_value
+    from trainlib._internal.execution.return_value import pickled_return_value as _pickled_return_value
 
     with caplog.at_level("WARNING", logger="trainlib"):
         assert _pickled_return_value(threading.Lock()) is None

@@ -31,7 +31,7 @@ def test_cluster_gets_the_project_code(no_ray_env):
     runner = make_task_runner("ray://head:10001", API)
     assert runner.address == "ray://head:10001"
     modules = runner.init_kwargs["runtime_env"]["py_modules"]
-    assert [os.path.basename(m) for m in modules] == ["trainlib", "tasks", "flows"]
+    assert [os.path.basename(m) for m in modules] == ["trainlib", "tasks", "flows", "deployments"]
     assert all(os.path.isfile(os.path.join(m, "__init__.py")) for m in modules)
     assert modules == project_modules()
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import posixpath
 from typing import Any
 
 from trainlib._internal.execution.messages import CheckpointPlacement
+from trainlib._internal.storage.commits import merge_manifests
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.checkpoint import METADATA_FILE
 from trainlib.errors import WorkerError
+
+logger = logging.getLogger("trainlib")
 
 
 def commit_folder(step: int, placements: list[CheckpointPlacement]) -> str | None:
@@ -68,3 +72,25 @@ def check_arrived(step: int, uri: str, manifests: dict[int, dict[str, int]], sto
                     "them before the commit: nothing else may write into a run's checkpoint folders."
                 ),
             )
+
+
+def merged_manifest(
+    storage: RunStorage, step: int, path: str, manifests: dict[int, dict[str, int]], warned: set[str]
+) -> dict[str, int]:
+    """The ranks' manifests of checkpoint ``step`` (at ``path``) as one; a file several ranks wrote is recorded at its
+    stored size, and named in a warning once per run (``warned``: the names warned about so far)."""
+    merged, shared = merge_manifests(manifests)
+    for rel, writers in shared.items():
+        # The last upload won: record the stored size, so the commit stays verifiable.
+        merged[rel] = storage.fs.size(posixpath.join(path, rel))
+        if rel not in warned:
+            warned.add(rel)
+            logger.warning(
+                "Ranks %s all wrote %r into checkpoint %d: the stored file is one of them (the last upload). "
+                "Save it from one rank only (if trainlib.get_context().get_world_rank() == 0), or give each "
+                "rank's file its own name (e.g. f'shard_{rank}.pt').",
+                writers,
+                rel,
+                step,
+            )
+    return merged

@@ -13,7 +13,7 @@ The states are ``RunStatus`` members, the same enum as the run record's status.
 The controller gathers each report from all ranks, commits its checkpoint
 (marker written last), appends the metrics log, applies retention and calls
 the callbacks. It talks to workers only through a worker group (``WorkerGroup``
-protocol), so tests can swap in a fake group and test the failure logic without a cluster.
+protocol, ``group_protocol.py``), so tests can swap in a fake group and test the failure logic without a cluster.
 """
 
 from __future__ import annotations
@@ -22,17 +22,19 @@ import logging
 import posixpath
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.callback_runner import CallbackRunner
-from trainlib._internal.execution.commit import check_arrived, commit_folder, write_metadata
+from trainlib._internal.execution.commit import check_arrived, commit_folder, merged_manifest, write_metadata
 from trainlib._internal.execution.failures import FailurePolicy, ranks_text, root_cause, straggler_error, worker_error
-from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
+from trainlib._internal.execution.group_protocol import RESIZE, Resize, WorkerGroup
+from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage
 from trainlib._internal.execution.monitor import PreemptionWatcher, ScalingPolicy, steps_without
 from trainlib._internal.execution.placement import RankPlan
-from trainlib._internal.execution.spec import AttemptSpec, Placement
-from trainlib._internal.storage.commits import CommittedCheckpoint, merge_manifests
+from trainlib._internal.execution.return_value import unpickled_return_value
+from trainlib._internal.execution.spec import AttemptSpec
+from trainlib._internal.storage.commits import CommittedCheckpoint
 from trainlib._internal.storage.lease import RunLease
 from trainlib._internal.storage.retention import checkpoints_to_delete, warn_if_unscored
 from trainlib._internal.storage.run_record import RunStatus
@@ -43,24 +45,6 @@ from trainlib.config import CheckpointConfig, FailureConfig
 from trainlib.errors import StorageError, WorkerError, WorkerGroupError
 
 logger = logging.getLogger("trainlib")
-
-
-class WorkerGroup(Protocol):
-    """The workers of one attempt, as the controller sees them (``RayWorkerGroup``, or a fake in tests)."""
-
-    def start_actors(self) -> None: ...
-    def placements(self) -> list[Placement]: ...
-    def start(self, attempt: AttemptSpec) -> RankPlan | None: ...
-    def wait(self, timeout: float | None = None) -> list[WorkerMessage]: ...
-    def flush(self, timeout: float) -> list[WorkerMessage]: ...
-    def shutdown(self) -> None: ...
-
-
-class Resize:
-    """How an attempt ends when the group should restart bigger (an elastic run that found room)."""
-
-
-RESIZE = Resize()
 
 
 class Controller:
@@ -227,7 +211,7 @@ class Controller:
                 elif isinstance(message, DoneMessage):
                     done.add(message.rank)
                     if message.rank == 0:
-                        self.return_value = _return_value(message)
+                        self.return_value = unpickled_return_value(message)
                     first_done_at = first_done_at or time.monotonic()
                 else:
                     failures = [worker_error(message, plan)]
@@ -298,7 +282,7 @@ class Controller:
         if manifests or placements:
             dir_name = commit_folder(step, placements)
             path = self.storage.checkpoint_path(step, dir_name)
-            merged = self._merge_manifests(step, path, manifests)
+            merged = merged_manifest(self.storage, step, path, manifests, self._warned_shared)
             stored = self.storage.list_files(path)
             if any(p.in_place for p in placements):  # written by the user: complete now that every rank reported
                 merged.update(stored)
@@ -351,23 +335,6 @@ class Controller:
             )
         self.storage.delete_checkpoint(path)
 
-    def _merge_manifests(self, step: int, path: str, manifests: dict[int, dict[str, int]]) -> dict[str, int]:
-        merged, shared = merge_manifests(manifests)
-        for rel, writers in shared.items():
-            # The last upload won: record the stored size, so the commit stays verifiable.
-            merged[rel] = self.storage.fs.size(posixpath.join(path, rel))
-            if rel not in self._warned_shared:
-                self._warned_shared.add(rel)
-                logger.warning(
-                    "Ranks %s all wrote %r into checkpoint %d: the stored file is one of them (the last upload). "
-                    "Save it from one rank only (if trainlib.get_context().get_world_rank() == 0), or give each "
-                    "rank's file its own name (e.g. f'shard_{rank}.pt').",
-                    writers,
-                    rel,
-                    step,
-                )
-        return merged
-
     def _apply_retention(self) -> None:
         for doomed in checkpoints_to_delete(self.committed, self.checkpoint_config):
             self.storage.delete_checkpoint(doomed.path)
@@ -376,19 +343,6 @@ class Controller:
 
     def _notify(self, hook: str, *args: Any) -> None:
         self.callback_runner.notify(hook, *args)
-
-
-def _return_value(message: DoneMessage) -> Any:
-    try:
-        return message.return_value()
-    except Exception as exc:  # noqa: BLE001 - e.g. its class is not importable here; the run itself finished
-        logger.warning(
-            "Rank 0's return value cannot be unpickled on the driver (%s: %s): Result.return_value is "
-            "None. Return plain values (numbers, lists, dicts, tensors).",
-            type(exc).__name__,
-            exc,
-        )
-        return None
 
 
 def _fmt_value(value: Any) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from ray import cloudpickle  # the pickler of train_fn.py
 
@@ -77,3 +78,43 @@ def root_cause(failures: list[WorkerError]) -> WorkerError:
 def ranks_text(ranks: list[int]) -> str:
     """'rank 1' or 'ranks 1, 2'."""
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def death_cause(ray_text: str, pid: Any, node_ip: Any) -> str:
+    """A dead worker's cause in one line: Ray's exit type and detail, and where to find the exit status.
+
+    Ray does not know a killed process's signal or exit status (its raylet sees a closed
+    connection), so the message says where the kernel recorded it.
+    """
+    import re
+
+    # Before its placement is known (a death while the group starts), Ray's own text holds the pid and node.
+    if pid is None:
+        found = re.search(r"\bpid[=:]\s*(\d+)", ray_text)
+        pid = int(found.group(1)) if found else "unknown"
+    if node_ip is None:
+        found = re.search(r"\bip[=:]\s*([0-9A-Fa-f.:]+[0-9A-Fa-f])", ray_text)
+        node_ip = found.group(1) if found else "unknown"
+    missing = re.search(r"No module named '(trainlib|tasks|flows)[\w.]*'", ray_text)
+    if missing:
+        return (
+            f"the worker process (pid {pid}) on node {node_ip} cannot import {missing.group(1)!r}: that node's "
+            f"Python has Ray but not this project. Install it there (pip install -e <this repository> in the "
+            "Python that runs the node's `ray start`), or start the node from an image or virtual environment "
+            "that has it"
+        )
+    exit_type = re.search(r"Worker exit type: (\w+)", ray_text)
+    detail = re.search(r"Worker exit detail: (.*?\.)(?:\s|$)", ray_text)
+    if exit_type or detail:
+        said = f"Ray's exit type {exit_type.group(1) if exit_type else '?'}: {detail.group(1) if detail else ''}"
+    else:
+        lines = [line.strip() for line in ray_text.strip().splitlines() if line.strip()]
+        said = next(
+            (line for line in lines if "exit" in line.lower() or "killed" in line.lower() or "OOM" in line),
+            lines[0] if lines else "no detail",
+        )
+    return (
+        f"the worker process (pid {pid}) on node {node_ip} died ({said.strip()}). Its exit status is not "
+        f"known to Ray: a SIGKILL, the kernel's OOM killer (`dmesg | grep -i 'killed process {pid}'` on that "
+        "node) or a crash in native code (the worker's log: `ray logs worker` / /tmp/ray/session_latest/logs)"
+    )

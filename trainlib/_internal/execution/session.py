@@ -10,7 +10,6 @@ order. Training waits only for the local copy.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import posixpath
 import queue
@@ -30,6 +29,7 @@ from trainlib._internal.execution.messages import (
     ReportMessage,
     WorkerMessage,
 )
+from trainlib._internal.execution.return_value import pickled_return_value
 from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
 from trainlib._internal.storage.checkpoint_files import checkpoint_files
 from trainlib._internal.storage.commits import checkpoint_dir_name
@@ -230,7 +230,7 @@ class WorkerSession:
     def finish(self, error: BaseException | None = None, return_value: Any = None) -> None:
         """Queue the end of training (after every pending upload) for the driver, with rank 0's return value."""
         if error is None:
-            payload = _pickled_return_value(return_value) if self.info.world_rank == 0 else None
+            payload = pickled_return_value(return_value) if self.info.world_rank == 0 else None
             self._uploads.put(DoneMessage(self.info.world_rank, return_payload=payload))
         else:
             self._uploads.put(FailedMessage.from_exception(self.info.world_rank, error))
@@ -325,26 +325,6 @@ def _changed_folder(checkpoint: Checkpoint, step: int) -> str:
         "is not committed. With CheckpointUploadMode.ASYNC the folder must stay as it is until the copy is done: "
         "make it with tempfile.mkdtemp() (trainlib deletes it after the upload), not a TemporaryDirectory block."
     )
-
-
-def _pickled_return_value(value: Any) -> bytes | None:
-    """``value`` pickled for ``Result.return_value``; None (with a warning) when it cannot be: the run itself
-    finished, and its checkpoints and metrics are committed."""
-    if value is None:
-        return None
-    from ray import cloudpickle
-
-    try:
-        return cloudpickle.dumps(value)
-    except Exception as exc:  # noqa: BLE001 - any pickling failure
-        logging.getLogger("trainlib").warning(
-            "The training function returned a %s, which cannot be pickled (%s: %s): Result.return_value is None. "
-            "Return a picklable value, e.g. plain numbers, lists, dicts or a model's state_dict().",
-            type(value).__name__,
-            type(exc).__name__,
-            exc,
-        )
-        return None
 
 
 _session: WorkerSession | None = None
