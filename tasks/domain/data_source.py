@@ -118,6 +118,20 @@ def describe_access_error(location: str, exc: BaseException) -> DataSourceError:
     )
 
 
+def check_source(data: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Fail fast when folder or manifest source ``data`` is missing or unreadable (one request; nothing is listed).
+
+    Raises:
+        DataSourceError: the message names the parameter, the path and the fix.
+    """
+    location = expand_path(data)
+    fs, path = open_fs(location, storage_options)
+    try:
+        fs.info(path)
+    except Exception as exc:  # noqa: BLE001 - turned into one message with the fix
+        raise describe_access_error(location, exc) from None
+
+
 def list_source(data: str, storage_options: Mapping[str, Any] | None = None) -> SourceListing:
     """List the files of folder or manifest source ``data`` (a local path or fsspec URL).
 
