@@ -114,12 +114,7 @@ class Snapshot:
         """The entries as a pandas DataFrame with :data:`COLUMNS` (for Parquet and ``mlflow.data``)."""
         import pandas as pd
 
-        return pd.DataFrame([dataclasses.astuple(e) for e in self.entries], columns=list(_FIELD_ORDER)).loc[
-            :, list(COLUMNS)
-        ]
-
-
-_FIELD_ORDER = tuple(f.name for f in dataclasses.fields(SnapshotEntry))
+        return pd.DataFrame([[getattr(e, c) for c in COLUMNS] for e in self.entries], columns=list(COLUMNS))
 
 
 def split_by_hash(sha256: str) -> str:
