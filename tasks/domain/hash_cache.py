@@ -77,12 +77,12 @@ class HashCache:
         ``keep_blobs``: store each file read in the blob cache (a remote source, so workers here fetch nothing).
         """
         wanted = {f.url for f in files}
-        with self._connect() as db:
-            known = {
-                url: (size, version, sha)
-                for url, size, version, sha in db.execute("SELECT url, size, version, sha256 FROM hashes")
-                if url in wanted
-            }
+        low, high = (min(wanted), max(wanted)) if wanted else ("", "")
+        with self._connect() as db:  # the key range of these files only (one index scan)
+            rows = db.execute(
+                "SELECT url, size, version, sha256 FROM hashes WHERE url >= ? AND url <= ?", (low, high)
+            ).fetchall()
+        known = {url: (size, version, sha) for url, size, version, sha in rows if url in wanted}
         hashes: dict[str, str] = {}
         to_read: list[FileToHash] = []
         for f in files:

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import posixpath
 
 import fsspec
@@ -36,19 +37,16 @@ def list_folder(fs: fsspec.AbstractFileSystem, path: str, location: str) -> tupl
     """
     shown = mask_url(location)
     try:
-        fs.invalidate_cache(path)
-        found = fs.find(path, withdirs=True, detail=True)
+        found = _walk_local(path) if _is_local(fs) else _walk(fs, path)
     except Exception as exc:  # noqa: BLE001 - one message with the fix
         raise describe_access_error(location, exc) from None
-    base = path.rstrip("/") + "/"
     files: list[ListedFile] = []
     folders: list[str] = []
-    for key, info in sorted(found.items()):
-        rel = key[len(base) :] if key.startswith(base) else key
-        parts = rel.split("/")
-        if not rel or any(p.startswith(".") for p in parts):
+    for rel, info in sorted(found):
+        if not rel or rel.startswith(".") or "/." in rel:  # hidden files and folders
             continue
-        if info.get("type") == "directory":
+        parts = rel.split("/")
+        if info is None:
             folders.append(rel)
             continue
         if len(parts) < 2:
@@ -87,6 +85,41 @@ def list_folder(fs: fsspec.AbstractFileSystem, path: str, location: str) -> tupl
             f"least two. Fix: one folder per class: {LAYOUTS}."
         )
     return tuple(files)
+
+
+def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+def _walk(fs: fsspec.AbstractFileSystem, path: str) -> list[tuple[str, dict | None]]:
+    """(relative path, info) of every file and (relative path, None) of every folder under ``path``."""
+    fs.invalidate_cache(path)
+    base = path.rstrip("/") + "/"
+    return [
+        (key[len(base) :] if key.startswith(base) else key, None if info.get("type") == "directory" else info)
+        for key, info in fs.find(path, withdirs=True, detail=True).items()
+    ]
+
+
+def _walk_local(path: str) -> list[tuple[str, dict | None]]:
+    """:func:`_walk` for a local folder through ``os.scandir``: fsspec's per-file ``info`` costs ~4x the stat."""
+    out: list[tuple[str, dict | None]] = []
+    if not os.path.isdir(path):
+        raise FileNotFoundError(path)
+    pending = [("", path)]
+    while pending:
+        rel_dir, folder = pending.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                if entry.is_dir(follow_symlinks=True):
+                    out.append((rel, None))
+                    pending.append((rel, entry.path))
+                else:
+                    stat = entry.stat(follow_symlinks=True)
+                    out.append((rel, {"size": stat.st_size, "mtime": stat.st_mtime}))
+    return out
 
 
 def _listed(rel: str, parts: list[str], info: dict, shown: str) -> ListedFile:

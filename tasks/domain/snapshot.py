@@ -140,7 +140,8 @@ def take_snapshot(
     to_hash = []
     for f in listing.files:
         url = listing.url(f.path)
-        to_hash.append(FileToHash(url=url, path=fs._strip_protocol(url), size=f.size, version=f.version))
+        path = fs._strip_protocol(url) if "://" in url else url
+        to_hash.append(FileToHash(url=url, path=path, size=f.size, version=f.version))
     hashes = cache.hash_files(fs, to_hash, keep_blobs=remote)
     entries = tuple(
         SnapshotEntry(
