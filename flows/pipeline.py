@@ -334,10 +334,11 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSumm
         )
         summary = steps(run)
     logger.info(
-        "Done: test accuracy %.2f%%, %s version %s (%s)",
+        "Done: test accuracy %.2f%%, %s version %s (%s)%s",
         100 * summary.test_accuracy,
         params.model_name,
         summary.model_version,
         summary.decision,
+        f"; data version {summary.data_digest}" if summary.data_digest else "",
     )
     return summary
