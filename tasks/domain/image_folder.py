@@ -18,7 +18,6 @@ Example::
 from __future__ import annotations
 
 import os
-import posixpath
 
 import fsspec
 
@@ -42,39 +41,43 @@ def list_folder(fs: fsspec.AbstractFileSystem, path: str, location: str) -> tupl
         raise describe_access_error(location, exc) from None
     files: list[ListedFile] = []
     folders: list[str] = []
-    for rel, info in sorted(found):
+    places: dict[str, tuple[str, str, str, int]] = {}  # folder -> (label, split, batch, depth), once per folder
+    for rel, found_file in sorted(found):
         if not rel or rel.startswith(".") or "/." in rel:  # hidden files and folders
             continue
-        parts = rel.split("/")
-        if info is None:
+        if found_file is None:
             folders.append(rel)
             continue
-        if len(parts) < 2:
+        folder = rel.rpartition("/")[0]
+        if not folder:
             continue  # a README or the like beside the class folders
-        files.append(_listed(rel, parts, info, shown))
+        place = places.get(folder)
+        if place is None:
+            place = places[folder] = _place(folder, rel, shown)
+        label, split, batch, _ = place
+        files.append(ListedFile(rel, label, split, batch, found_file[0], found_file[1]))
     if not files:
         raise DataSourceError(
             f"{PARAMETER}={shown!r} holds no images in class folders. Fix: lay the images out as {LAYOUTS}."
         )
-    depths = {len(f.path.split("/")) for f in files}
+    depths = {place[3] for place in places.values()}
     if len(depths) > 1:
-        deepest = max(files, key=lambda f: len(f.path.split("/")))
-        shallowest = min(files, key=lambda f: len(f.path.split("/")))
+        deepest = max(places, key=lambda f: places[f][3])
+        shallowest = min(places, key=lambda f: places[f][3])
         raise DataSourceError(
-            f"{PARAMETER}={shown!r} mixes layouts: {shallowest.path!r} and {deepest.path!r} are at different depths. "
-            f"Fix: use one layout for every image: {LAYOUTS}."
+            f"{PARAMETER}={shown!r} mixes layouts: images in {shallowest!r} and in {deepest!r} are at different "
+            f"depths. Fix: use one layout for every image: {LAYOUTS}."
         )
-    with_split = [f for f in files if f.split]
-    if with_split and len(with_split) != len(files):
-        lacking = next(f for f in files if not f.split)
+    split_or_not = {bool(place[1]) for place in places.values()}
+    if len(split_or_not) > 1:
+        lacking = next(f for f, place in places.items() if not place[1])
         raise DataSourceError(
-            f"{PARAMETER}={shown!r} has train/test folders, but {lacking.path!r} is in neither. Fix: put every image "
+            f"{PARAMETER}={shown!r} has train/test folders, but {lacking!r} is in neither. Fix: put every image "
             "under train/ or test/, or none."
         )
-    class_depth = depths.pop() - 1
-    holding = {posixpath.dirname(f.path) for f in files}
+    class_depth = depths.pop()
     for folder in folders:
-        if len(folder.split("/")) == class_depth and folder not in holding:
+        if len(folder.split("/")) == class_depth and folder not in places:
             raise DataSourceError(
                 f"{PARAMETER}={shown!r}: class folder {folder!r} is empty. Fix: add its images, or remove the folder."
             )
@@ -92,19 +95,25 @@ def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return protocol in ("file", "local")
 
 
-def _walk(fs: fsspec.AbstractFileSystem, path: str) -> list[tuple[str, dict | None]]:
-    """(relative path, info) of every file and (relative path, None) of every folder under ``path``."""
+Found = list[tuple[str, tuple[int, str] | None]]
+
+
+def _walk(fs: fsspec.AbstractFileSystem, path: str) -> Found:
+    """(relative path, (size, version)) of every file and (relative path, None) of every folder under ``path``."""
     fs.invalidate_cache(path)
     base = path.rstrip("/") + "/"
     return [
-        (key[len(base) :] if key.startswith(base) else key, None if info.get("type") == "directory" else info)
+        (
+            key[len(base) :] if key.startswith(base) else key,
+            None if info.get("type") == "directory" else (int(info.get("size") or 0), file_version(info)),
+        )
         for key, info in fs.find(path, withdirs=True, detail=True).items()
     ]
 
 
-def _walk_local(path: str) -> list[tuple[str, dict | None]]:
+def _walk_local(path: str) -> Found:
     """:func:`_walk` for a local folder through ``os.scandir``: fsspec's per-file ``info`` costs ~4x the stat."""
-    out: list[tuple[str, dict | None]] = []
+    out: Found = []
     if not os.path.isdir(path):
         raise FileNotFoundError(path)
     pending = [("", path)]
@@ -118,12 +127,14 @@ def _walk_local(path: str) -> list[tuple[str, dict | None]]:
                     pending.append((rel, entry.path))
                 else:
                     stat = entry.stat(follow_symlinks=True)
-                    out.append((rel, {"size": stat.st_size, "mtime": stat.st_mtime}))
+                    out.append((rel, (stat.st_size, f"mtime:{stat.st_mtime}")))
     return out
 
 
-def _listed(rel: str, parts: list[str], info: dict, shown: str) -> ListedFile:
-    prefix = parts[:-2]
+def _place(folder: str, rel: str, shown: str) -> tuple[str, str, str, int]:
+    """(label, split, batch, depth) of the images in ``folder`` (``rel``: one of them, for messages)."""
+    parts = folder.split("/")
+    prefix = parts[:-1]
     split = batch = ""
     if len(prefix) == 1:
         split, batch = (prefix[0], "") if prefix[0] in SPLITS else ("", prefix[0])
@@ -136,6 +147,4 @@ def _listed(rel: str, parts: list[str], info: dict, shown: str) -> ListedFile:
         batch, split = prefix
     elif len(prefix) > 2:
         raise DataSourceError(f"{PARAMETER}={shown!r}: {rel!r} is too deep. Fix: lay the images out as {LAYOUTS}.")
-    return ListedFile(
-        path=rel, label=parts[-2], split=split, batch=batch, size=int(info.get("size") or 0), version=file_version(info)
-    )
+    return parts[-1], split, batch, len(parts)

@@ -74,11 +74,8 @@ class Snapshot:
     @functools.cached_property
     def digest(self) -> str:
         """sha256 over the sorted (path, label, split, sha256) rows: the data version."""
-        rows = sorted((e.path, e.label, e.split, e.sha256) for e in self.entries)
-        h = hashlib.sha256()
-        for row in rows:
-            h.update(("\t".join(row) + "\n").encode())
-        return h.hexdigest()
+        rows = sorted(f"{e.path}\t{e.label}\t{e.split}\t{e.sha256}\n" for e in self.entries)
+        return hashlib.sha256("".join(rows).encode()).hexdigest()
 
     @functools.cached_property
     def hashes(self) -> frozenset[str]:
