@@ -8,7 +8,7 @@ version) is hashed again. Files of a remote source are kept in the node's blob c
 Example::
 
     cache = HashCache("~/.trainlib/datasets")
-    hashes = cache.hash_files(fs, [(url, path, size, version), ...], keep_blobs=True)
+    hashes = cache.hash_files(lambda f: fs.cat_file(f.path), files, keep_blobs=True)
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ import hashlib
 import logging
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-
-import fsspec
 
 from tasks.domain.blob_cache import BlobCache
 from tasks.domain.urls import expand_path
@@ -70,9 +68,10 @@ class HashCache:
         return db
 
     def hash_files(
-        self, fs: fsspec.AbstractFileSystem, files: Sequence[FileToHash], keep_blobs: bool = False
+        self, read: Callable[[FileToHash], bytes], files: Sequence[FileToHash], keep_blobs: bool = False
     ) -> dict[str, str]:
-        """url -> sha256 of every file; reads only those the cache does not know at their size and version.
+        """url -> sha256 of every file; reads (with ``read``) only those the cache does not know at their size and
+        version.
 
         ``keep_blobs``: store each file read in the blob cache (a remote source, so workers here fetch nothing).
         """
@@ -92,15 +91,15 @@ class HashCache:
             else:
                 to_read.append(f)
 
-        def read(f: FileToHash) -> tuple[str, str]:
-            data = fs.cat_file(f.path)
+        def read_one(f: FileToHash) -> tuple[str, str]:
+            data = read(f)
             sha = hashlib.sha256(data).hexdigest()
             if keep_blobs:
                 self.blobs.put(sha, data)
             return f.url, sha
 
         with ThreadPoolExecutor(HASH_THREADS) as pool:
-            fresh = dict(pool.map(read, to_read))
+            fresh = dict(pool.map(read_one, to_read))
         hashes.update(fresh)
         if fresh:
             by_url = {f.url: f for f in to_read}

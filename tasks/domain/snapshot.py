@@ -131,15 +131,22 @@ def take_snapshot(
         tasks.domain.data_source.DataSourceError: the source is missing, unreadable or badly laid out.
     """
     listing = list_source(source, storage_options)
-    fs, _ = open_fs(listing.root, storage_options)
     cache = HashCache(cache_dir or "~/.trainlib/datasets")
-    remote = "://" in listing.root or any("://" in f.path for f in listing.files)
+    filesystems: dict[str, Any] = {}
+
+    def fs_of(url: str) -> Any:
+        scheme = url.split("://", 1)[0] if "://" in url else "file"
+        if scheme not in filesystems:
+            filesystems[scheme] = open_fs(url, storage_options)[0]
+        return filesystems[scheme]
+
     to_hash = []
     for f in listing.files:
         url = listing.url(f.path)
-        path = fs._strip_protocol(url) if "://" in url else url
+        path = fs_of(url)._strip_protocol(url) if "://" in url else url
         to_hash.append(FileToHash(url=url, path=path, size=f.size, version=f.version))
-    hashes = cache.hash_files(fs, to_hash, keep_blobs=remote)
+    remote = "://" in listing.root or any("://" in f.path for f in listing.files)
+    hashes = cache.hash_files(lambda f: fs_of(f.url).cat_file(f.path), to_hash, keep_blobs=remote)
     entries = tuple(
         SnapshotEntry(
             path=f.path,

@@ -52,7 +52,7 @@ def test_relisting_reads_only_changed_files_through_the_hash_cache(tmp_path):
 
     fs, _ = open_fs(str(source))
     files = [FileToHash(listing.url(f.path), listing.url(f.path), f.size, f.version) for f in listing.files]
-    hashes.hash_files(fs, files)
+    hashes.hash_files(lambda f: fs.cat_file(f.path), files)
     assert (hashes.stats.cached, hashes.stats.hashed) == (15, 0)
 
     rewritten = source / "circle" / "0000.png"
@@ -60,7 +60,7 @@ def test_relisting_reads_only_changed_files_through_the_hash_cache(tmp_path):
     os.utime(rewritten, (1, 1))
     listing = list_source(str(source))
     files = [FileToHash(listing.url(f.path), listing.url(f.path), f.size, f.version) for f in listing.files]
-    got = hashes.hash_files(fs, files)
+    got = hashes.hash_files(lambda f: fs.cat_file(f.path), files)
     assert (hashes.stats.cached, hashes.stats.hashed) == (14, 1)
     assert got[str(rewritten)] == got[str(source / "circle" / "0001.png")]
 
@@ -182,6 +182,10 @@ def test_folder_and_manifest_on_s3_are_listed_hashed_cached_and_read_back(tmp_pa
 
         manifest = take_snapshot(f"s3://{BUCKET}/shapes/manifest.csv", cache_dir=cache)
         assert manifest.hashes == folder.hashes and manifest.url(manifest.entries[0]).startswith(f"s3://{BUCKET}/")
+        urls = frame.assign(path=[f"s3://{BUCKET}/shapes/{p}" for p in frame["path"]])
+        urls.to_csv(tmp_path / "urls.csv", index=False)  # a local manifest naming S3 objects by URL
+        by_url = take_snapshot(str(tmp_path / "urls.csv"), cache_dir=str(tmp_path / "fresh-cache"))
+        assert by_url.hashes == folder.hashes and by_url.url(by_url.entries[0]) == by_url.entries[0].path
 
         url = write_snapshot(folder, f"s3://{BUCKET}/runs/snapshots/run-1.parquet")
         assert read_snapshot(url) == folder
