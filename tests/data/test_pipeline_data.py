@@ -5,8 +5,9 @@
   run the snapshot as its input and the validation report; Prefect shows the report. Files added afterwards
   do not reach a re-run of the same run: it reads its own snapshot.
   A class that appears afterwards stops the next run before training, with the message.
-* A generated RGB 32x32 source with 3 classes: the network takes 3 channels and has 3 outputs, evaluated on
-  its test split (registering it needs the model side of issue 48: xfail until that is merged).
+* A generated RGB 32x32 source with 3 classes: the network takes 3 channels and has 3 outputs, trained and
+  evaluated on the snapshot its run had taken before more images arrived (registering it needs the model side
+  of issue 48: xfail until that is merged).
 * A missing source stops the run before any task with a message naming ``data``, the path and the fix, and
   nothing reaches the registry.
 """
@@ -164,20 +165,23 @@ def test_a_folder_source_is_trained_evaluated_and_registered_with_its_data_versi
     assert not (services["root"] / "runs" / "fashion-folder-2").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="registering an RGB model needs the model side of issue 48 (the network's in_channels in "
-    "classifier_network and the model_config of model_package, branch modelio); remove this mark once merged",
-)
-def test_an_rgb_source_trains_a_three_channel_three_class_network(services, ray_session, tmp_path):
+def test_an_rgb_source_trains_a_three_channel_network_on_the_snapshot_its_run_took_first(
+    services, ray_session, tmp_path
+):
     import torch
 
     import trainlib
+    from tasks.domain.snapshot import take_snapshot, write_snapshot
 
     source = tmp_path / "shapes"
     write_shapes(source, per_class=40, size=32, rgb=True)
+    # The run's first attempt took its snapshot and stopped before training; then more images arrived.
+    first = take_snapshot(str(source), cache_dir=str(tmp_path / "cache"))
+    write_snapshot(first, str(services["root"] / "runs" / "snapshots" / "shapes-1.parquet"))
+    write_shapes(source, per_class=10, size=32, rgb=True, start=40)
+
     state = _run(services, data=str(source), run_name="shapes-1", model_name="shapes", recipe="tutorial")
+    services["rgb_state"] = state
     result = trainlib.Result.from_path(str(services["root"] / "runs" / "shapes-1"))
     with result.checkpoint.as_directory() as folder:
         weights = torch.load(os.path.join(folder, "model.pt"), weights_only=True)
@@ -186,9 +190,21 @@ def test_an_rgb_source_trains_a_three_channel_three_class_network(services, ray_
         [_mlflow(services).get_experiment_by_name("fashion-mnist").experiment_id], "attributes.run_name = 'shapes-1'"
     )
     assert 0 <= run.data.metrics["test_accuracy"] <= 1  # evaluated on the snapshot's test split
-    assert run.inputs.dataset_inputs[0].dataset.name == "shapes"
+    report = _mlflow(services).download_artifacts(run.info.run_id, "evaluation/test_report.json", str(tmp_path))
+    assert json.load(open(report))["num_images"] == len(first.split("test"))  # none of the later images
+    (data_input,) = run.inputs.dataset_inputs
+    assert data_input.dataset.digest == first.digest[:32], "trained on the snapshot taken before the new images"
+    assert json.loads(data_input.dataset.profile)["counts"] == first.counts()
 
-    assert state.is_completed(), state.message  # registration: the model side
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="registering an RGB model needs the model side of issue 48 (the network's in_channels in "
+    "classifier_network and the model_config of model_package, branch modelio); remove this mark once merged",
+)
+def test_the_rgb_model_is_registered_with_its_data_version(services):
+    state = services["rgb_state"]
+    assert state.is_completed(), state.message
     (version,) = _versions(services, "shapes")
     assert version.tags["data.digest"] == state.result().data_digest
 
