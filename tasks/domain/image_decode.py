@@ -56,6 +56,11 @@ def inspect_image(data: bytes) -> ImageFacts:
 def decode_to_spec(data: bytes, channels: int, height: int, width: int) -> torch.Tensor:
     """uint8 ``[channels, height, width]`` pixels of ``data`` (converted, and resized when its size differs)."""
     pixels = _decode(data, "RGB" if channels == 3 else "GRAY")
+    if pixels.shape[0] != channels:  # WebP's decoder keeps its own colorspace (and alpha) whatever the mode
+        from torchvision.transforms.v2.functional import rgb_to_grayscale
+
+        color = pixels[:3] if pixels.shape[0] >= 3 else pixels[:1].expand(3, -1, -1)
+        pixels = rgb_to_grayscale(color) if channels == 1 else color.contiguous()
     if pixels.shape[1:] != (height, width):
         from torchvision.transforms.v2.functional import resize
 

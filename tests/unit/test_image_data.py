@@ -31,6 +31,19 @@ def test_decoding_converts_channels_and_resizes_to_the_spec():
     assert "not a decodable image" in inspect_image(b"GIF89a not really").error
 
 
+def test_png_jpeg_and_webp_decode_to_the_spec_in_both_channel_counts():
+    from tasks.domain.image_decode import decode_to_spec, inspect_image
+
+    rgb = np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    for fmt in ("PNG", "JPEG", "WEBP"):
+        buffer = io.BytesIO()
+        Image.fromarray(rgb).save(buffer, format=fmt)
+        data = buffer.getvalue()
+        assert (inspect_image(data).width, inspect_image(data).channels) == (30, 3), fmt
+        assert decode_to_spec(data, 1, 16, 16).shape == (1, 16, 16), fmt
+        assert decode_to_spec(data, 3, 20, 30).shape == (3, 20, 30), fmt
+
+
 def test_color_batches_are_normalised_and_augmented_alike_in_every_channel():
     from tasks.domain.network import to_inputs
     from tasks.domain.recipe import RECIPES, augment_batch
