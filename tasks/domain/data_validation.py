@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from tasks.domain.data_source import PARAMETER
 from tasks.domain.image_decode import ImageFacts, inspect_image
 from tasks.domain.image_spec import ImageSpec
-from tasks.domain.snapshot import Snapshot
+from tasks.domain.snapshot import Snapshot, SnapshotEntry
 from tasks.domain.snapshot_files import SnapshotReader
 from tasks.domain.urls import expand_path, mask_url
 from tasks.domain.validation_report import ClassCount, FileProblem, ValidationReport
@@ -105,15 +105,17 @@ def image_facts(snapshot: Snapshot, reader: SnapshotReader, cache: FactsCache) -
             first.setdefault(e.sha256, e)
     todo = list(first.values())
 
-    def decode(entry):  # a file that vanished or changed is unusable too, with its reason
+    def decode(entry: SnapshotEntry) -> tuple[str, ImageFacts, bool]:
+        """(hash, facts, whether to cache them): a file that vanished or changed is unusable now, not forever."""
         try:
-            return entry.sha256, inspect_image(reader.read(entry))
+            return entry.sha256, inspect_image(reader.read(entry)), True
         except OSError as exc:
-            return entry.sha256, ImageFacts(error=str(exc).split(": ", 1)[-1][:200])
+            return entry.sha256, ImageFacts(error=str(exc).split(". Sources are")[0][-200:]), False
 
     with ThreadPoolExecutor(min(8, (os.cpu_count() or 1) * 2)) as pool:
-        fresh = dict(pool.map(decode, todo))
-    cache.put({sha: f for sha, f in fresh.items() if "cannot be read" not in f.error})
+        decoded = list(pool.map(decode, todo))
+    cache.put({sha: f for sha, f, keep in decoded if keep})
+    fresh = {sha: f for sha, f, _ in decoded}
     facts.update(fresh)
     return facts, len(todo)
 

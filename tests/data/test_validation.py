@@ -134,3 +134,19 @@ def test_the_spec_follows_the_data(tmp_path):
     assert _validate(gray, tmp_path / "cache", image_size=24).spec.height == 24
     (gray / "square" / "color.png").write_bytes(png_bytes(shape_image("square", 78, 20, rgb=True)))
     assert _validate(gray, tmp_path / "cache").spec.channels == 3  # one color image makes the model RGB
+
+
+def test_a_file_gone_after_the_listing_is_left_out_now_and_usable_once_back(tmp_path):
+    source, cache = tmp_path / "src", tmp_path / "cache"
+    write_shapes(source, per_class=10, size=12)
+    snapshot = take_snapshot(str(source), cache_dir=str(cache))
+    gone = source / "circle" / "0003.png"
+    kept_bytes = gone.read_bytes()
+    gone.unlink()
+    settings = ValidationSettings(max_bad_fraction=0.1)
+    result = validate_snapshot(snapshot, SnapshotReader(snapshot, str(cache)), FactsCache(str(cache)), None, settings)
+    (problem,) = result.report.unusable
+    assert problem.path == "circle/0003.png" and "cannot be read as it was listed" in problem.reason
+    gone.write_bytes(kept_bytes)
+    again = validate_snapshot(snapshot, SnapshotReader(snapshot, str(cache)), FactsCache(str(cache)), None, settings)
+    assert not again.report.unusable and len(again.snapshot.entries) == 30
