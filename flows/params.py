@@ -17,6 +17,8 @@ Example::
 from __future__ import annotations
 
 import difflib
+import posixpath
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -37,9 +39,12 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 DEFAULT_DATASET = "fashion-mnist"
 
 
-def default_model_name(dataset: str) -> str:
-    """The registered model a data set's runs use unless told otherwise: ``<dataset>-resnet18``."""
-    return f"{dataset}-resnet18"
+def default_model_name(source: str) -> str:
+    """The registered model a data source's runs use unless told otherwise: ``<name>-resnet18``, where the name is a
+    built-in data set's, or the last part of a folder's or manifest's path (``s3://bucket/pets`` -> ``pets``)."""
+    name = posixpath.basename(source.split("?", 1)[0].rstrip("/\\")) or source
+    name = re.sub(r"\.(csv|parquet)$", "", name, flags=re.IGNORECASE)
+    return f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', name).strip('-.') or 'images'}-resnet18"
 
 
 class PipelineParamsError(ValueError):
@@ -51,7 +56,29 @@ class PipelineParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    dataset: DatasetName = Field(DEFAULT_DATASET, description="The data set to train on.")
+    dataset: DatasetName = Field(DEFAULT_DATASET, description="The built-in data set to train on (when data is unset).")
+    data: str | None = Field(
+        None,
+        min_length=1,
+        max_length=2000,
+        description="Your images: a folder of class folders (ROOT/<class>/<image>, optional train/ and test/, "
+        "arrivals as ROOT/<batch>/<class>/<image>), or a manifest (.csv/.parquet with path,label[,split]); a local "
+        "path or an fsspec URL such as s3://bucket/pets; or a built-in set's name (default: dataset).",
+    )
+    image_size: int | None = Field(
+        None, ge=8, le=2048, description="Resize your images to this square size (default: their most common size)."
+    )
+    max_bad_fraction: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Share of unusable files (corrupt, empty, not images, too small) above which the run fails; "
+        "below it they are left out and reported.",
+    )
+    min_image_size: int = Field(8, ge=1, le=4096, description="Images narrower or lower than this are left out.")
+    allow_class_changes: bool = Field(
+        False, description="Train even when classes appeared or vanished against the champion's data."
+    )
     mirrors: list[str] | None = Field(
         None,
         description="Base URLs or folders to fetch the data set from, tried in order (default: "
@@ -139,7 +166,10 @@ class PipelineParams(BaseModel):
     def _model_name_of_the_dataset(cls, values: Any) -> Any:
         # Each data set registers under its own name by default: a champion is only ever compared on its own data.
         if isinstance(values, dict) and values.get("model_name") is None:
-            values = {**values, "model_name": default_model_name(values.get("dataset") or DEFAULT_DATASET)}
+            values = {
+                **values,
+                "model_name": default_model_name(values.get("data") or values.get("dataset") or DEFAULT_DATASET),
+            }
         return values
 
     @model_validator(mode="after")
@@ -154,6 +184,11 @@ class PipelineParams(BaseModel):
                 "them there itself."
             )
         return self
+
+    @property
+    def source(self) -> str:
+        """What to train on: ``data`` when set, else the built-in ``dataset``."""
+        return self.data or self.dataset
 
     @classmethod
     def parse(cls, values: dict[str, Any], as_options: bool = False) -> PipelineParams:

@@ -19,7 +19,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 from typing import Any
 
@@ -31,8 +30,9 @@ from tasks.domain.classifier_network import EXPECTED_INPUT, build_network, forwa
 from tasks.domain.dataset_registry import get_dataset_spec
 from tasks.domain.evaluation import EvaluationReport, evaluate_model
 from tasks.domain.idx_files import load_fashion_mnist_split
+from tasks.domain.image_spec import ImageSpec
 from tasks.domain.model_package import ModelCard, log_and_register
-from tasks.domain.network import load_model, to_inputs
+from tasks.domain.network import load_model, to_inputs, with_input_channels
 from tasks.domain.promotion import (
     ACCURACY_TAG,
     CHALLENGER_ALIAS,
@@ -214,10 +214,19 @@ def test_split_md5(dataset: StagedDataset) -> str:
     return ",".join(md5 for name, md5 in sorted(dataset.md5s.items()) if name.startswith("t10k-"))
 
 
-def checkpoint_network(checkpoint_uri: str, architecture: str) -> torch.nn.Module:
-    """The trained network in ``checkpoint_uri``, as the registered model's own class (no torchvision import)."""
+def checkpoint_network(checkpoint_uri: str, architecture: str, spec: ImageSpec | None = None) -> torch.nn.Module:
+    """The trained network in ``checkpoint_uri``, as the registered model's own class (no torchvision import).
+
+    ``spec``: the classes and input channels of a network trained on a snapshot (None: the idx sets' 10, gray).
+    """
+
+    def build() -> torch.nn.Module:
+        if spec is None:
+            return build_network(architecture=architecture)
+        return with_input_channels(build_network(spec.num_classes, architecture), spec.channels)
+
     with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
-        return load_model(folder, build=functools.partial(build_network, architecture=architecture))
+        return load_model(folder, build=build)
 
 
 def compare_with_champion(
@@ -292,7 +301,7 @@ def register_and_promote(
     }
     if version is None:  # the version is created with its tags
         version = log_and_register(
-            checkpoint_network(training.checkpoint_uri, training.architecture),
+            checkpoint_network(training.checkpoint_uri, training.architecture, training.image_spec),
             card,
             model_name,
             training.mlflow_run_id,
