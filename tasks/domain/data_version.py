@@ -115,9 +115,9 @@ def champion_snapshot(model_name: str, tracking_uri: str) -> Snapshot | None:
     """The champion version's snapshot (None: no champion, or one trained before snapshots, or unreadable)."""
     from mlflow import MlflowClient
 
-    from tasks.domain.model_registry import champion_model_version
+    from tasks.domain.champion import alias_version
 
-    version = champion_model_version(MlflowClient(tracking_uri=tracking_uri), model_name)
+    version = alias_version(MlflowClient(tracking_uri=tracking_uri), model_name)
     uri = (version.tags or {}).get(SNAPSHOT_TAG) if version is not None else None
     if not uri:
         return None

@@ -49,9 +49,9 @@ def compare_on_snapshot(
     champion_data = champion_snapshot(model_name, tracking_uri)
     from mlflow import MlflowClient
 
-    from tasks.domain.model_registry import champion_model_version
+    from tasks.domain.champion import alias_version
 
-    current = champion_model_version(MlflowClient(tracking_uri=tracking_uri), model_name)
+    current = alias_version(MlflowClient(tracking_uri=tracking_uri), model_name)
     if current is None:
         champion = ChampionScore(version=None)
     elif champion_data is None or champion_data.class_names != version.spec.class_names:
