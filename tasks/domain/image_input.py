@@ -220,7 +220,8 @@ def _batch(array: np.ndarray, channels: int, height: int, width: int, accepted: 
 
 
 def _checked(array: np.ndarray, accepted: str, row: int | None) -> np.ndarray:
-    """``array`` as uint8 or float32 pixel values 0..255; refused: non-numbers, values outside 0..255 or in 0..1."""
+    """``array`` as uint8 (integers) or float32 pixel values 0..255; refused: non-numbers, values outside 0..255
+    or in 0..1."""
     where = "" if row is None else f"Row {row}: "
     if array.dtype == object:
         try:
@@ -245,4 +246,6 @@ def _checked(array: np.ndarray, accepted: str, row: int | None) -> np.ndarray:
             f"{where}Pixel values span {low:g}..{high:g}: they look scaled to 0..1; multiply by 255. Send {accepted}.",
             row,
         )
+    if np.issubdtype(array.dtype, np.integer):  # e.g. JSON's integers: uint8 pixels, resized as training's are
+        return array.astype(np.uint8)
     return array.astype(np.float32, copy=False)

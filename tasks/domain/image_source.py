@@ -108,6 +108,9 @@ def read_images(url: str, storage_options: Mapping[str, Any] | None = None) -> I
     options = dict(storage_options or {})
     fs, path = _filesystem(source, options, url)
     try:
+        # fsspec reuses a filesystem and its listings across calls in a process (a Ray worker scores many runs):
+        # list what is there now.
+        fs.invalidate_cache(path)
         is_dir = fs.isdir(path)
         exists = is_dir or fs.exists(path)
     except Exception as exc:  # noqa: BLE001 - storage errors become one clear message
