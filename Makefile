@@ -25,21 +25,26 @@ tutorial: venv
 	$(BIN)/python examples/tutorial.py
 
 # Three pytest-xdist workers, one test module at a time each (modules share their servers), the
-# longest modules first (tests/conftest.py). On 2026-12-03's 2-core machine: 21 min in one process, 13.7 min
-# with two workers, 11.9-13.5 min with three; on 2026-12-07's, 9.5-11.3 min with three (the README's Tests).
-# TEST_WORKERS=0 runs it in this one process.
+# longest modules first (tests/conftest.py): on 2 cores the suite is CPU-bound, and three workers keep both
+# cores busy while a module waits on its servers. TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 3
 test: venv
 	$(BIN)/pytest -q -p no:cacheprovider $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
-# Lint and format check (ruff, configured in pyproject.toml); CI runs it before the tests.
+# Lint, format check (ruff) and the import rules between trainlib, tasks and flows (import-linter), all configured
+# in pyproject.toml; CI runs it before the tests.
+# The unit tier alone: no Ray, servers or subprocesses, in under a minute (tests/conftest.py sets the tiers by folder).
+test-fast: venv
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 bench: venv
 	$(BIN)/pip install -q -e ".[bench]" --config-settings editable_mode=compat
-	$(BIN)/python bench/bench_overhead.py
+	$(BIN)/python -m bench overhead
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -28,7 +28,7 @@ from results_files import write_results
 PROBE = r"""
 import contextlib, json, sys, time
 import ray  # Ray's worker imports it before its preload
-from trainlib._internal.execution import bulk_imports
+from trainlib._internal.startup import bulk_imports
 paused = sys.argv[1] == "paused"
 c0 = time.process_time()
 if paused:

@@ -11,7 +11,7 @@ Adam, for every DDP configuration, in a rotated order; then one process alone
 median step time, the median time of one allreduce of all gradients (the same
 bytes DDP sends per step, timed alone after the steps) and the peak RSS of rank 0.
 Every process allocates as trainlib's workers do (``--malloc trainlib``, the default:
-trainlib/_internal/util/allocator.py) or with glibc's defaults, as torchrun's ranks
+trainlib/_internal/startup/allocator.py) or with glibc's defaults, as torchrun's ranks
 (``--malloc glibc``). Timings are medians over rounds; the load average is recorded
 with them, since this machine is shared.
 
@@ -68,9 +68,9 @@ def _model():
 
 def _set_malloc(malloc: str) -> None:
     """``trainlib``: this process allocates as trainlib's workers do (step-sized blocks kept on the heap,
-    trainlib/_internal/util/allocator.py); ``glibc``: glibc's defaults, as torchrun's ranks."""
+    trainlib/_internal/startup/allocator.py); ``glibc``: glibc's defaults, as torchrun's ranks."""
     if malloc == "trainlib":  # trainlib imports from this checkout: bench_overhead put it on the path
-        from trainlib._internal.util.allocator import keep_step_allocations
+        from trainlib._internal.startup.allocator import keep_step_allocations
 
         if not keep_step_allocations():
             raise RuntimeError(
@@ -107,7 +107,7 @@ def _thread_cpu_s() -> dict[str, float]:
 
 def _train(model, steps: int, warmup: int, at_warmup: Callable[[], None] | None = None) -> dict[str, float]:
     """Train ``steps`` steps; medians (s) of the steps after ``warmup``: each phase, and CPU per step by thread.
-    ``at_warmup`` is called as the first measured step begins (bench_ddp_functions.py starts its sampling there)."""
+    ``at_warmup`` is called as the first measured step begins (a profiler can start sampling there)."""
     import torch
 
     torch.manual_seed(0)

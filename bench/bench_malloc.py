@@ -3,7 +3,7 @@
     python bench/bench_malloc.py                    # writes bench/results/malloc.{json,md}
     python bench/bench_malloc.py --rounds 1 --results-dir /tmp/m   # a quick try
 
-What it answers (issue 14, trainlib/_internal/util/allocator.py): how much of a CPU training step
+What it answers (issue 14, trainlib/_internal/startup/allocator.py): how much of a CPU training step
 goes to faulting in memory that glibc handed back to the kernel after the previous step, and what
 trainlib's worker settings change. Each round runs, in fresh process pairs (gloo, 1 thread each,
 the tutorial's ResNet18 on FashionMNIST through a DataLoader with its transforms, batches of 128),
@@ -77,7 +77,7 @@ def _rank(rank: int, port: int, config: str, data_root: str, results: Any) -> No
     import torch
     import torch.distributed as dist
 
-    from trainlib._internal.util.allocator import keep_step_allocations
+    from trainlib._internal.startup.allocator import keep_step_allocations
 
     torch.set_num_threads(1)
     applied = keep_step_allocations() if config == CONFIGS[2] else False

@@ -53,6 +53,9 @@ JOBS = os.path.join(REPO, "bench", "jobs")
 DATA = os.path.join(REPO, "..", "shared", "datasets", "fashion-mnist")  # the offline mirror beside the repository
 RESULTS = os.path.join(REPO, "bench", "results")
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "bench"))  # results_files, also when this file is loaded by path (tests)
+
+from results_files import check_name, write_results  # noqa: E402
 
 VARIANTS = {
     "trainlib": "trainlib TorchTrainer",
@@ -94,6 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--results-dir", default=RESULTS, help="where overhead.json and overhead.md go (default bench/results)"
     )
+    parser.add_argument(
+        "--name", default="overhead", help="result name: NAME.json and NAME.md (default overhead; overhead_400)"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take (default 900)")
     parser.add_argument("--sample-interval", type=float, default=0.2, help="memory sampling period in seconds")
     parser.add_argument(
@@ -108,6 +114,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run nothing: recompute the medians and tables from the raw runs of an overhead.json",
     )
     args = parser.parse_args(argv)
+    try:
+        check_name(args.name)
+    except ValueError as e:
+        parser.error(str(e))
     if args.rebuild:
         return args
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -601,20 +611,18 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(report: dict[str, Any], results_dir: str) -> str:
-    os.makedirs(results_dir, exist_ok=True)
-    with open(os.path.join(results_dir, "overhead.json"), "w") as f:
-        json.dump(report, f, indent=1)
+def write_report(report: dict[str, Any], results_dir: str, name: str = "overhead") -> str:
+    """Write ``<results_dir>/<name>.{json,md}`` (the latest run only) and return the tables."""
     table = markdown(report)
-    with open(os.path.join(results_dir, "overhead.md"), "w") as f:
-        f.write(
-            "# Overhead benchmark\n\nReproduce: `make bench` (= `python bench/bench_overhead.py`); this file was "
-            f"written by `{report['command']}` on {report['created']}.\n\n" + table
-        )
+    header = (
+        "# Overhead benchmark\n\nReproduce: `python -m bench overhead` (= `python bench/bench_overhead.py`); this file "
+        f"was written by `{report['command']}` on {report['created']}.\n"
+    )
+    write_results(results_dir, name, report, [header, table.rstrip("\n")])
     return table
 
 
-def rebuild(path: str, results_dir: str) -> int:
+def rebuild(path: str, results_dir: str, name: str = "overhead") -> int:
     """Recompute the summary of a saved report (e.g. after changing the tables), from its raw runs."""
     with open(path) as f:
         report = json.load(f)
@@ -629,14 +637,14 @@ def rebuild(path: str, results_dir: str) -> int:
             run["cpu_s_training"] = run["cpu_s_other"] = run["steady_cpu_share_other"] = None
     report["summary"] = summarise(report["runs"], report["settings"]["variants"])
     report["ratios"] = ratios(report["summary"])
-    print(write_report(report, results_dir))
+    write_report(report, results_dir, name)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.rebuild:
-        return rebuild(args.rebuild, args.results_dir)
+        return rebuild(args.rebuild, args.results_dir, args.name)
     from tasks.domain.torchvision_layout import torchvision_layout
 
     load_before = os.getloadavg()
@@ -704,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
         "raylet, dashboard/agents, log monitor, Ray Train controller, worker processes; "
         "torchrun: launcher and its 2 ranks)",
     }
-    print(write_report(report, args.results_dir))
+    write_report(report, args.results_dir, args.name)
     return 0 if all(row["runs_failed"] == 0 for row in summary.values()) else 1
 
 

@@ -9,7 +9,7 @@ overhead beyond it, the test accuracy, and the CPU the embedded services used wh
 ran (the Prefect server's process tree; Ray's own processes: GCS, raylet, agents, log monitor), as
 a share of the machine. `--limit N` trains on N images only: the overhead is the same, the run is
 short (use it on a busy machine, and say so). Writes bench/results/pipeline.json and pipeline.md
-(`--tag` names other files, e.g. pipeline_subset).
+(`--tag` names another result, e.g. pipeline_10ep; `python -m bench pipeline_10ep`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 
-from results_files import write_results
+from results_files import plain_name, write_results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -117,7 +117,7 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--limit", type=int, default=None, help="first N training images only (busy machine)")
     parser.add_argument("--test-limit", type=int, default=None, help="first N test images only")
-    parser.add_argument("--tag", default="pipeline", help="results file name (default: %(default)s)")
+    parser.add_argument("--tag", type=plain_name, default="pipeline", help="results file name (default: %(default)s)")
     parser.add_argument(
         "--recipe",
         default="augmented",

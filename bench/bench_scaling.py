@@ -47,6 +47,9 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "results")
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "bench"))
+
+from results_files import plain_name, result_paths  # noqa: E402
 
 import trainlib  # noqa: E402
 
@@ -171,7 +174,7 @@ def run_one(
 ) -> dict[str, Any]:
     import psutil
 
-    from trainlib._internal.execution.trainer import DataParallelTrainer
+    from trainlib.data_parallel_trainer import DataParallelTrainer
     from trainlib.torch import TorchTrainer
 
     probe = DriverProbe()
@@ -265,7 +268,8 @@ def write_results(rows: list[dict], args: argparse.Namespace, load: dict[str, li
         "growth": growth,
     }
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, f"{args.tag}.json"), "w") as f:
+    json_path, md_path = result_paths(RESULTS, args.tag)
+    with open(json_path, "w") as f:
         json.dump(out, f, indent=2)
     lines = [
         "# Driver cost as the world grows (bench/bench_scaling.py)",
@@ -298,7 +302,7 @@ def write_results(rows: list[dict], args: argparse.Namespace, load: dict[str, li
     for mode, quantities in growth.items():
         for key, g in quantities.items():
             lines.append(f"| {mode} | {key} | {g['per_worker']} | {g['at_512']} |")
-    with open(os.path.join(RESULTS, f"{args.tag}.md"), "w") as f:
+    with open(md_path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
@@ -315,7 +319,9 @@ def main() -> int:
         help="worker processes Ray may start at once (worker_maximum_startup_concurrency; Ray's "
         "default is one per logical CPU, so 32 workers on 2 CPUs start two at a time)",
     )
-    parser.add_argument("--tag", default="scaling", help="results file name in bench/results (default: %(default)s)")
+    parser.add_argument(
+        "--tag", type=plain_name, default="scaling", help="results file name in bench/results (default: %(default)s)"
+    )
     parser.add_argument("--cpu-per-worker", type=float, default=0.05)
     parser.add_argument("--modes", nargs="+", default=["metrics", "checkpoint"], choices=["metrics", "checkpoint"])
     parser.add_argument(

@@ -33,7 +33,7 @@ from typing import Any
 
 from bench_overhead import DATA, RESULTS
 from bench_pipeline import start_fresh_home
-from results_files import write_results
+from results_files import plain_name, write_results
 
 SAMPLE_S = 0.25
 RAY_LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
@@ -229,7 +229,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=1024, help="training images (default: %(default)s)")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--mirror", default=DATA)
-    parser.add_argument("--tag", default="pipeline_trace")
+    parser.add_argument("--tag", type=plain_name, default="pipeline_trace")
     parser.add_argument("--out", default=RESULTS)
     args = parser.parse_args()
 

@@ -30,6 +30,7 @@ from flows.lifeline import Lifeline
 from flows.params import PipelineParams, PipelineParamsError, option_name
 from flows.prefect_server import DEFAULT_PREFECT_PORT, ensure_prefect
 from flows.preflight import check_services
+from tasks.domain.credentials import move_credentials_to_environment
 from tasks.domain.dataset_fetch import MIRRORS_ENV_VAR
 from tasks.domain.home import DEFAULT_HOME, HOME_ENV_VAR, PipelineHome
 from tasks.domain.urls import expand_path, mask_url
@@ -121,10 +122,29 @@ def parse_params(argv: list[str] | None = None) -> tuple[PipelineParams, argpars
         values[name] = value
     if values.get("mirrors"):
         values["mirrors"] = [expand_path(m) for m in values["mirrors"]]
+    # Before the flow run exists: its parameters (stored by Prefect in clear) never hold credentials.
+    for note in move_credentials_to_environment(values):
+        print(note, flush=True)
     try:
         return PipelineParams.parse(values, as_options=True), args
     except PipelineParamsError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
+
+
+def home_problem(root: str) -> str | None:
+    """Why the pipeline's home ``root`` cannot be used (made, then written: a probe file), or None."""
+    probe = os.path.join(root, f".write-probe-{os.getpid()}")
+    try:
+        os.makedirs(root, exist_ok=True)
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as exc:
+        return (
+            f"the pipeline's home {root} cannot be written ({type(exc).__name__}: {exc.strerror or exc}). Pass "
+            f"--home with a writable folder, or set ${HOME_ENV_VAR} to one."
+        )
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.home:
         os.environ[HOME_ENV_VAR] = expand_path(args.home)  # the flow resolves the same home from it
     home = PipelineHome.resolve()
-    os.makedirs(home.root, exist_ok=True)
+    problem = home_problem(home.root)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2
     mirrors = params.mirrors or [m for m in os.environ.get(MIRRORS_ENV_VAR, "").split(",") if m.strip()]
     print(
         f"Data: {params.dataset} from "
@@ -183,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # This command's own process. At exit, Python's final garbage collection walks every object of torch, Ray,
-    # Prefect and mlflow: ~1.2 s after the last line on 2 cores (measured: 1.46 s to exit, 0.28 s frozen).
+    # Prefect and mlflow: most of the time from the last line to the exit (docs/benchmarks.md, "The pipeline (kept)").
     # What the pipeline keeps is flushed and closed before (its states, MLflow's runs, the logs), so the
     # objects left need no collection; registered first, the freeze runs after every other exit hook.
     atexit.register(gc.freeze)

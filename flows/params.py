@@ -21,12 +21,25 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tasks.domain.credentials import (
+    MIRROR_CREDENTIALS_ENV_VAR,
+    MLFLOW_PASSWORD_ENV_VAR,
+    MLFLOW_USERNAME_ENV_VAR,
+    credential_fields,
+)
 from tasks.domain.dataset_registry import DATASET_NAMES
 from tasks.domain.promotion import DEFAULT_MIN_MARGIN
 from tasks.domain.recipe import DEFAULT_RECIPE, RecipeName
+from tasks.domain.urls import mask_url
 
 DatasetName = Literal[DATASET_NAMES]  # type: ignore[valid-type]  # the registry's names, nowhere else
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+DEFAULT_DATASET = "fashion-mnist"
+
+
+def default_model_name(dataset: str) -> str:
+    """The registered model a data set's runs use unless told otherwise: ``<dataset>-resnet18``."""
+    return f"{dataset}-resnet18"
 
 
 class PipelineParamsError(ValueError):
@@ -38,7 +51,7 @@ class PipelineParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    dataset: DatasetName = Field("fashion-mnist", description="The data set to train on.")
+    dataset: DatasetName = Field(DEFAULT_DATASET, description="The data set to train on.")
     mirrors: list[str] | None = Field(
         None,
         description="Base URLs or folders to fetch the data set from, tried in order (default: "
@@ -87,8 +100,11 @@ class PipelineParams(BaseModel):
         description="How much higher (absolute test accuracy, e.g. 0.005) the new version must "
         "score than the champion on the same images to replace it.",
     )
-    model_name: str = Field(
-        "fashion-mnist-resnet18", pattern=NAME_PATTERN, max_length=200, description="Registered model name in MLflow."
+    model_name: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        max_length=200,
+        description="Registered model name in MLflow (default: '<dataset>-resnet18', one model per data set).",
     )
     run_name: str | None = Field(
         None,
@@ -117,6 +133,27 @@ class PipelineParams(BaseModel):
             if unknown:
                 raise ValueError("; ".join(_unknown_message(k) for k in unknown))
         return values
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_name_of_the_dataset(cls, values: Any) -> Any:
+        # Each data set registers under its own name by default: a champion is only ever compared on its own data.
+        if isinstance(values, dict) and values.get("model_name") is None:
+            values = {**values, "model_name": default_model_name(values.get("dataset") or DEFAULT_DATASET)}
+        return values
+
+    @model_validator(mode="after")
+    def _no_credentials(self) -> PipelineParams:
+        # Prefect stores a flow run's parameters in clear (its API, its database, the UI).
+        found = credential_fields(self.mirrors, self.mlflow_tracking_uri)
+        if found:
+            raise ValueError(
+                f"{', '.join(found)} holds credentials, which the flow run's parameters would keep in clear. Pass "
+                f"the URL without them and set ${MLFLOW_USERNAME_ENV_VAR} / ${MLFLOW_PASSWORD_ENV_VAR} (MLflow) or "
+                f"${MIRROR_CREDENTIALS_ENV_VAR} (mirrors) where the pipeline runs; `python -m flows.main` moves "
+                "them there itself."
+            )
+        return self
 
     @classmethod
     def parse(cls, values: dict[str, Any], as_options: bool = False) -> PipelineParams:
@@ -182,6 +219,16 @@ def describe_errors(exc: ValidationError, as_options: bool = False) -> str:
         if name is None:
             lines.append(f"  - {message}")
             continue
-        shown = f"{option_name(name)} {error.get('input')!r}" if as_options else f"{name}={error.get('input')!r}"
+        given = _masked(error.get("input"))
+        shown = f"{option_name(name)} {given!r}" if as_options else f"{name}={given!r}"
         lines.append(f"  - {shown}: {message}. Allowed: {allowed_values(name)}.")
     return f"Invalid pipeline {'options' if as_options else 'parameters'}:\n" + "\n".join(lines)
+
+
+def _masked(value: Any) -> Any:
+    """A parameter's value as an error message may show it: URLs with their credentials masked."""
+    if isinstance(value, str):
+        return mask_url(value)
+    if isinstance(value, list):
+        return [_masked(v) for v in value]
+    return value

@@ -19,7 +19,7 @@ from prefect.context import get_run_context
 from prefect_ray.context import remote_options
 
 from flows.heartbeats import end_flow_runs_without_joining_heartbeats
-from flows.params import PipelineParams
+from flows.params import PipelineParams, default_model_name
 from flows.preflight import check_services
 from flows.progress_display import ProgressDisplay
 from flows.task_runner import (
@@ -32,6 +32,7 @@ from flows.task_runner import (
     workers_have_env,
 )
 from tasks.artifacts import artifact_key
+from tasks.domain.champion import unscored_champion_error
 from tasks.domain.home import PipelineHome
 from tasks.domain.lineage import dataset_identity, source_tags
 from tasks.domain.model_package import ModelCard
@@ -59,7 +60,10 @@ def flow_run_name() -> str:
     if isinstance(params, PipelineParams):
         model = params.model_name
     else:
-        model = (params or {}).get("model_name") or PipelineParams.model_fields["model_name"].default
+        params = params or {}
+        model = params.get("model_name") or default_model_name(
+            params.get("dataset") or PipelineParams.model_fields["dataset"].default
+        )
     return f"{model}-{flow_run.scheduled_start_time:%Y-%m-%d-%H%M}"
 
 
@@ -238,6 +242,10 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
         registration = register.submit(
             training, comparison, card, params.model_name, run.mlflow_tracking_uri, params.min_margin, run.tags
         ).result()
+    # Fails closed: a champion that could not be scored was kept; the run fails so that its alerts fire.
+    unscored = unscored_champion_error(params.model_name, comparison.champion, str(registration.version))
+    if unscored is not None:
+        raise unscored
 
     return PipelineSummary(
         run_path=training.run_path,

@@ -6,18 +6,22 @@ Runs in the user's shell process (``python -m flows.main``). A server it starts 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 
 from tasks.domain.home import PipelineHome
 
 DEFAULT_PREFECT_PORT = 4200
 SERVER_START_TIMEOUT_S = 90.0
+START_LOCK_FILE = "prefect-start.lock"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,5 +98,42 @@ def ensure_prefect(home: PipelineHome, port: int) -> PrefectServer:
     local = f"http://127.0.0.1:{port}/api"
     if server_healthy(local):
         return PrefectServer(local, f"already running on 127.0.0.1:{port}")
-    url, pid = start_prefect_server(home.prefect_home, port, os.path.join(home.root, "prefect-server.log"))
+    # One start at a time per home: two commands started together on a fresh home would both migrate its database.
+    with start_lock(home):
+        if server_healthy(local):  # the command that held the lock started it
+            return PrefectServer(local, f"started by another command, running on 127.0.0.1:{port}")
+        url, pid = start_prefect_server(home.prefect_home, port, os.path.join(home.root, "prefect-server.log"))
     return PrefectServer(url, f"started (pid {pid}, state in {home.prefect_home}; stop it with `kill {pid}`)", pid)
+
+
+@contextlib.contextmanager
+def start_lock(home: PipelineHome, timeout_s: float | None = None) -> Iterator[None]:
+    """Hold ``<home>/prefect-start.lock`` while a server starts; wait for another command that holds it.
+
+    Raises:
+        RuntimeError: another command held it for longer than ``timeout_s`` (default: a server's start timeout).
+    """
+    timeout_s = SERVER_START_TIMEOUT_S + 30.0 if timeout_s is None else timeout_s
+    path = os.path.join(home.root, START_LOCK_FILE)
+    with open(path, "a+") as lock:
+        deadline = time.monotonic() + timeout_s
+        told = False
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"Another command has been starting the Prefect server of {home.root} for more than "
+                        f"{timeout_s:.0f} s (it holds {path}). Wait for it and run again, or look at "
+                        f"{os.path.join(home.root, 'prefect-server.log')}."
+                    ) from None
+                if not told:
+                    told = True
+                    print(f"Another command is starting the Prefect server of {home.root}; waiting for it.", flush=True)
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

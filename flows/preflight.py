@@ -7,8 +7,8 @@ to the MLflow server say so at once, naming the parameter to fix.
 
 from __future__ import annotations
 
-from trainlib._internal.execution.ray_connect import probe_ray_address
-from trainlib.mlflow.store import probe_tracking_server
+from trainlib.mlflow import probe_tracking_server
+from trainlib.startup import probe_ray_address
 
 
 def check_services(ray_address: str | None, mlflow_tracking_uri: str | None) -> None:

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from flows.heartbeats import end_flow_runs_without_joining_heartbeats
 from flows.params import NAME_PATTERN
 from flows.task_runner import cluster_task_runner, current_api_url, local_task_runner, ray_worker_env
-from tasks.domain.batch_scoring import ScoringSummary, output_format
+from tasks.domain.batch_scoring import ScoringSummary, check_output_location, output_format
 from tasks.domain.home import PipelineHome
 from tasks.domain.promotion import CHAMPION_ALIAS
 from tasks.domain.urls import expand_path, mask_url
@@ -61,6 +61,7 @@ class ScoreParams(BaseModel):
         "fashion-mnist-resnet18", pattern=NAME_PATTERN, max_length=200, description="Registered model in MLflow."
     )
     alias: str = Field(CHAMPION_ALIAS, pattern=NAME_PATTERN, max_length=200, description="The model alias to use.")
+    overwrite: bool = Field(False, description="Replace output_url if it exists (default: refuse, before scoring).")
     mlflow_tracking_uri: str | None = Field(
         None, description="MLflow server or store (default: $MLFLOW_TRACKING_URI, else the pipeline home's)."
     )
@@ -157,6 +158,8 @@ def score_images(params: ScoreParams) -> ScoringSummary:
         mask_url(tracking_uri),
         mask_url(output_url),
     )
+    # Before any scoring: an existing output or a folder that cannot be written fails now, not after the work.
+    check_output_location(output_url, params.storage_options, params.overwrite)
     steps = score_steps.with_options(task_runner=_task_runner(params, api_url))
     summary = steps(params, input_url, output_url, tracking_uri)
     logger.info(

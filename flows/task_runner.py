@@ -22,22 +22,26 @@ from prefect.logging.handlers import APILogWorker
 from prefect.settings import get_current_settings
 from prefect_ray import RayTaskRunner
 
+from tasks.domain.environ import environment
 from tasks.domain.reachability import check_reachable
 
 # trainlib's own lean start of a local Ray; the pipeline's local Ray is started by prefect-ray.
-from trainlib._internal.execution.embedded_ray import LEAN_SYSTEM_CONFIG, LeanLocalRay, lean_local_start
-from trainlib._internal.execution.worker_logs import print_whole_lines
-from trainlib._internal.execution.worker_preload import WORKER_PRELOAD_MODULES, preload_python_modules
-from trainlib._internal.util.environ import environment
+from trainlib.startup import (
+    WORKER_PRELOAD_MODULES,
+    LeanLocalRay,
+    lean_local_start,
+    lean_system_config,
+    print_whole_lines,
+)
 
 PROJECT_PACKAGES = ("trainlib", "tasks", "flows")
 RAY_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray for a submitted job's driver
 LOG_SEND_TIMEOUT_S = 5.0  # the most a task waits, as it ends, for its log lines to reach the Prefect API
 # Ray ends an idle worker once idle workers outnumber the free CPUs and it has idled past this (Ray's default: 1 s).
 # The train step's placement group takes every CPU just before its actors ask for workers, so Ray ended the worker
-# it had prestarted (torch already imported) in ~1 pipeline run of 7, and both actors waited for fresh workers
-# (`fit()` ~1.5 s longer). A local Ray lives for one flow run: keep an idle worker that long (10 minutes covers a
-# first download from the internet before the train step).
+# it had prestarted (torch already imported) in some runs, and both actors waited for fresh workers
+# (docs/benchmarks.md, "The pipeline (kept)"). A local Ray lives for one flow run: keep an idle worker that long
+# (10 minutes covers a first download from the internet before the train step).
 IDLE_WORKER_KEEP_MS = 10 * 60 * 1000
 
 
@@ -123,16 +127,16 @@ class LogSendingRayTaskRunner(RayTaskRunner):
 class LocalRayTaskRunner(LogSendingRayTaskRunner):
     """prefect-ray's runner on a Ray it starts on this machine, without the daemons a local run never uses.
 
-    As trainlib's embedded Ray: neither the dashboard head (~1.7 s of ``ray.init`` on a quiet 2-core
-    machine) nor the autoscaler monitor is started, which saves ~230 MB and ~1 s of Ray's shutdown
-    at the end of every flow run; nor is Ray's log monitor process (~80 MB):
+    As trainlib's embedded Ray: neither the dashboard head (most of ``ray.init``'s time) nor the
+    autoscaler monitor is started, which saves their memory and a second of Ray's shutdown at the
+    end of every flow run; nor is Ray's log monitor process:
     a thread of the flow-run process, Ray's only driver, reads the workers' output instead.
 
     ``worker_env`` reaches the workers by inheritance: it is in this process's environment only
     while ``ray.init`` starts the raylet, whose workers inherit it. A ``runtime_env`` with the same
     variables would make Ray start a new worker for it instead of using the ones it prestarts (one
-    per CPU, with ``preload`` already imported): ~1.2 s more before the first task, and the same
-    again for each of training's actors.
+    per CPU, with ``preload`` already imported): a cold worker before the first task, and another
+    for each of training's actors.
     """
 
     def __init__(self, *args: Any, worker_env: Mapping[str, str] | None = None, **kwargs: Any):
@@ -145,7 +149,7 @@ class LocalRayTaskRunner(LogSendingRayTaskRunner):
     def duplicate(self) -> LocalRayTaskRunner:
         """A copy, as Prefect enters for a flow run. Of a runner entered already, one that runs the tasks on the Ray
         it started and leaves that Ray up: the pipeline starts Ray before Prefect creates the steps' subflow run, so
-        the workers start ~0.2 s sooner, and stops it after that run."""
+        the workers start sooner, and stops it after that run."""
         twin = type(self)(address=self.address, init_kwargs=self.init_kwargs, worker_env=self.worker_env)
         twin._on_started_ray = self._on_started_ray or self._local_ray is not None
         return twin
@@ -185,12 +189,11 @@ def local_task_runner(
     every worker (see :class:`LocalRayTaskRunner`).
     """
     # Without worker_setup: the pipeline's tasks import Ray's serializers' libraries anyway (lazy_serializers.py).
-    modules = preload_python_modules(preload, lazy_serializers=False) if preload else []
-    init_kwargs["_system_config"] = {
-        **LEAN_SYSTEM_CONFIG,
-        "idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS,
-        **({"preload_python_modules": modules} if modules else {}),
-    }
+    system_config = lean_system_config(
+        preload, lazy_serializers=False, idle_worker_killing_time_threshold_ms=IDLE_WORKER_KEEP_MS
+    )
+    if system_config:  # {} with trainlib's start-up layer switched off: prefect-ray's own ray.init
+        init_kwargs["_system_config"] = system_config
     return LocalRayTaskRunner(
         address="local", init_kwargs={"include_dashboard": False, **init_kwargs}, worker_env=worker_env
     )

@@ -78,6 +78,36 @@ def processes_whose_command_line(match) -> list[str]:
 _handed_out: set[int] = set()
 
 
+def run_script(tmp_path, text: str, data_folder: str | None = None, timeout_s: float = 600):
+    """Run a training script's ``text`` as ``python script.py`` in a fresh process (its own embedded Ray), in
+    ``tmp_path``, with ``TMPDIR`` and ``HOME`` there; ``data_folder``'s FashionMNIST files are first placed where
+    ``torchvision.datasets.FashionMNIST(os.path.join(tempfile.gettempdir(), "data"))`` finds them. Returns the
+    ``subprocess.CompletedProcess``."""
+    import subprocess
+    import sys
+
+    from tasks.domain.torchvision_layout import torchvision_layout
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir(exist_ok=True)
+    if data_folder is not None:
+        torchvision_layout(data_folder, tmpdir / "data")
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    # RAY_TMPDIR keeps Ray's socket paths short (AF_UNIX paths are limited to 107 bytes).
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmpdir),
+        "RAY_TMPDIR": "/tmp",
+        "HOME": str(tmp_path / "home"),
+        "PYTHONPATH": REPO_ROOT,
+    }
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+
+
 def free_port(ip: str = "127.0.0.1") -> int:
     """A port free on ``ip`` now, never one this process handed out before.
 
@@ -150,11 +180,12 @@ def start_session_ray() -> None:
     serializer add-ons only when used): the suite is CPU-bound, and the tests then run on the Ray that users
     get. The workers preload no torch: a test's actors import what they use. This process (which imports
     Prefect and MLflow, so pydantic and pyarrow, anyway) keeps Ray's serializers as they are."""
-    from trainlib._internal.execution.embedded_ray import init_lean_local_ray
+    from trainlib._internal.startup.embedded_ray import init_lean_local_ray
 
     global _session_lean
     stop_session_ray()  # and the reader and ports of the previous one
-    _session_lean = init_lean_local_ray(preload=(), num_cpus=4).started()
+    lean = init_lean_local_ray(preload=(), num_cpus=4)  # None with the start-up layer off: a stock ray.init
+    _session_lean = lean.started() if lean is not None else None
 
 
 def stop_session_ray() -> None:
@@ -175,7 +206,7 @@ def cluster_utils_cluster(head_cpus: int, node_cpus: tuple[int, ...] = ()):
     import ray
     from ray.cluster_utils import Cluster
 
-    from trainlib._internal.execution.embedded_ray import without_unused_daemons
+    from trainlib._internal.startup.lean_start import without_unused_daemons
 
     was_running = ray.is_initialized()
     ray.shutdown()
@@ -221,8 +252,8 @@ def storage_path(tmp_path):
 # keeps one worker from being left alone with a long module at the end (seconds from a quiet run).
 LONGEST_FIRST = (
     "cluster/test_cluster.py",  # ~270 s: a `ray start` cluster, two pipeline runs, node losses
-    "pipeline/test_pipeline_e2e.py",  # ~200 s: Prefect server, the main command, a killed and retried deployment run
-    "model/test_score_deployment.py",  # ~110 s
+    "e2e/test_pipeline_e2e.py",  # ~200 s: Prefect server, the main command, a killed and retried deployment run
+    "e2e/test_score_deployment.py",  # ~110 s
     "parity/test_elastic.py",  # ~105 s
     "storage/test_s3.py",  # ~100 s
     "faults/test_concurrent_runs.py",
@@ -235,9 +266,48 @@ LONGEST_FIRST = (
 )
 
 
+# The tiers, by folder: tests/unit runs without Ray, servers or subprocesses (`make test-fast`, under a minute);
+# tests/e2e runs the whole pipeline or a deployment; every other folder starts real processes (Ray, servers).
+TIER_OF_FOLDER = {"unit": "unit", "e2e": "e2e"}
+DEFAULT_TIER = "integration"
+
+
+def test_tier(nodeid: str) -> str:
+    """The tier of the test ``nodeid`` (``tests/<folder>/...``): its folder's."""
+    folder = nodeid.removeprefix("tests/").split("/", 1)[0]
+    return TIER_OF_FOLDER.get(folder, DEFAULT_TIER)
+
+
 def pytest_collection_modifyitems(config, items):
     def rank(item) -> int:
         path = item.nodeid.split("::")[0].removeprefix("tests/")
         return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
 
+    for item in items:
+        tier = test_tier(item.nodeid)
+        item.add_marker(tier)
+        if tier == "e2e":  # an end-to-end test starts real processes too
+            item.add_marker(DEFAULT_TIER)
     items.sort(key=rank)  # stable: the order within a module, and of the other modules, is kept
+
+
+class UnitTierError(AssertionError):
+    """A test of tests/unit started a process or a Ray: it belongs in an integration folder."""
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_starts_nothing(request, monkeypatch):
+    """In tests/unit, starting a subprocess or Ray fails the test, so the tier stays fast and pure."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    import subprocess
+
+    def refuse(*args, **kwargs):
+        raise UnitTierError(f"{request.node.nodeid} starts a process or Ray: move it out of tests/unit")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    import ray
+
+    monkeypatch.setattr(ray, "init", refuse)
+    yield

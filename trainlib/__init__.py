@@ -6,7 +6,6 @@ Example:
     >>> result = TorchTrainer(train_func, scaling_config=trainlib.ScalingConfig(num_workers=2)).fit()
 """
 
-from trainlib._internal.execution.trainer import DataParallelTrainer
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import CheckpointConfig, FailureConfig, RunConfig
@@ -20,6 +19,7 @@ from trainlib.context import (
     report,
 )
 from trainlib.data import TRAIN_DATASET_KEY, DataConfig
+from trainlib.data_parallel_trainer import DataParallelTrainer
 from trainlib.errors import (
     ControllerError,
     ResourcesUnavailableError,

@@ -14,8 +14,8 @@ from typing import Any
 import fsspec
 
 from trainlib._internal.storage.commits import COMMIT_MARKER
-from trainlib._internal.util.filesystem import as_fsspec, is_local_filesystem, resolve_filesystem, to_uri
-from trainlib.retry import with_retries
+from trainlib._internal.util.filesystem import as_fsspec, as_pyarrow, is_local_filesystem, resolve_filesystem, to_uri
+from trainlib._internal.util.retry import with_retries
 
 # As Ray Train's: the checkpoint's metadata, a JSON file beside its files.
 METADATA_FILE = ".metadata.json"
@@ -29,8 +29,14 @@ class Checkpoint:
     ``trainlib.get_checkpoint()``.
 
     Args:
-        path: the folder, as a path inside ``filesystem``.
-        filesystem: an fsspec filesystem; ``None`` means the local disk.
+        path: the folder, as a path inside ``filesystem`` (no scheme: ``bucket/runs/run/checkpoint_000001``).
+        filesystem: a ``pyarrow.fs.FileSystem`` (as in Ray Train) or an fsspec filesystem; ``None`` means the
+            local disk.
+
+    Attributes:
+        path: the folder, as a path inside :attr:`filesystem`, as Ray Train gives it.
+        filesystem: the ``pyarrow.fs.FileSystem`` to read ``path`` with, as Ray Train gives it.
+        uri: the folder as one URL (``Checkpoint.from_uri`` reads it back).
 
     Example:
         >>> with result.checkpoint.as_directory() as folder:
@@ -38,8 +44,23 @@ class Checkpoint:
     """
 
     def __init__(self, path: str | os.PathLike, filesystem: Any = None):
-        self.filesystem = as_fsspec(filesystem) if filesystem is not None else fsspec.filesystem("file")
+        # trainlib reads and writes through fsspec; the pyarrow filesystem is made when asked for (or kept as given).
+        self._fs = as_fsspec(filesystem) if filesystem is not None else fsspec.filesystem("file")
+        self._pyarrow_fs = None if filesystem is None or filesystem is self._fs else filesystem
         self.path = os.fspath(path)
+
+    @property
+    def filesystem(self) -> Any:
+        """The ``pyarrow.fs.FileSystem`` that holds :attr:`path` (Ray Train's ``Checkpoint.filesystem``)."""
+        if self._pyarrow_fs is None:
+            self._pyarrow_fs = as_pyarrow(self._fs)
+        return self._pyarrow_fs
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "filesystem" in state:  # pickled before the pyarrow filesystem: it held the fsspec one
+            state["_fs"] = state.pop("filesystem")
+        state.setdefault("_pyarrow_fs", None)
+        self.__dict__.update(state)
 
     @classmethod
     def from_directory(cls, path: str | os.PathLike) -> Checkpoint:
@@ -60,12 +81,12 @@ class Checkpoint:
 
     @property
     def is_local(self) -> bool:
-        return is_local_filesystem(self.filesystem)
+        return is_local_filesystem(self._fs)
 
     @property
     def uri(self) -> str:
         """The checkpoint's URL (a plain path on local disk)."""
-        return to_uri(self.filesystem, self.path)
+        return to_uri(self._fs, self.path)
 
     def to_directory(self, path: str | os.PathLike | None = None) -> str:
         """Copy the checkpoint's files into local folder ``path`` (a new temp folder by default)."""
@@ -75,7 +96,7 @@ class Checkpoint:
             shutil.copytree(self.path, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(COMMIT_MARKER))
         else:
             src = self.path.rstrip("/") + "/"
-            with_retries(f"downloading {self.uri}", lambda: self.filesystem.get(src, dest + "/", recursive=True))
+            with_retries(f"downloading {self.uri}", lambda: self._fs.get(src, dest + "/", recursive=True))
             marker = os.path.join(dest, COMMIT_MARKER)
             if os.path.exists(marker):
                 os.remove(marker)
@@ -102,9 +123,9 @@ class Checkpoint:
     def get_metadata(self) -> dict[str, Any]:
         """The metadata dict stored with the checkpoint (``{}`` when none): yours, and the trainer's ``metadata``."""
         path = posixpath.join(self.path, METADATA_FILE)
-        if not with_retries(f"reading {self.uri}", lambda: self.filesystem.exists(path)):
+        if not with_retries(f"reading {self.uri}", lambda: self._fs.exists(path)):
             return {}
-        return json.loads(with_retries(f"reading {self.uri}", lambda: self.filesystem.cat_file(path)))
+        return json.loads(with_retries(f"reading {self.uri}", lambda: self._fs.cat_file(path)))
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         """Store ``metadata`` (a JSON-able dict) with the checkpoint, replacing what was there."""
@@ -112,7 +133,7 @@ class Checkpoint:
             raise TypeError(f"Checkpoint.set_metadata() takes a dict, got {type(metadata).__name__}.")
         data = json.dumps(metadata).encode()
         path = posixpath.join(self.path, METADATA_FILE)
-        with_retries(f"writing {self.uri}", lambda: self.filesystem.pipe_file(path, data))
+        with_retries(f"writing {self.uri}", lambda: self._fs.pipe_file(path, data))
 
     def update_metadata(self, metadata: dict[str, Any]) -> None:
         """Add ``metadata``'s keys to the checkpoint's metadata (overwriting the same keys)."""

@@ -84,6 +84,18 @@ class FailureConfig:
             ``max_failures``, when the failure is a node preemption (a node that
             Ray was draining, e.g. a spot instance being reclaimed); -1 (default)
             restarts without limit, 0 treats preemptions as ordinary failures.
+        relax_collectives_on_preemption: when the attempt ends because a
+            preempted node's workers are gone, commit the reports (and
+            just-in-time checkpoints) that every surviving rank made, without
+            the preempted ranks' reports, as Ray Train's relaxed report barrier
+            does. Ignored (a log line says so) when rank 0 is preempted, as in Ray
+            Train. ``trainlib.collective`` calls stay strict. Default False.
+        preemption_grace_s: extra seconds the surviving ranks get, after a
+            preempted node's workers are gone, to finish uploading the
+            checkpoints they reported before the group is torn down. Unlike Ray
+            Train, trainlib never stops the survivors at the drain deadline (they
+            train until the node is actually lost), so this is the only wait it
+            extends. Default 0.
 
     Example:
         >>> FailureConfig(max_failures=2, straggler_timeout_s=600)
@@ -92,6 +104,8 @@ class FailureConfig:
     max_failures: int = 0
     straggler_timeout_s: float | None = tunables.DEFAULT_STRAGGLER_TIMEOUT_S
     max_preemption_failures: int = -1
+    relax_collectives_on_preemption: bool = False
+    preemption_grace_s: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.max_failures, bool) or not isinstance(self.max_failures, int) or self.max_failures < -1:
@@ -116,6 +130,18 @@ class FailureConfig:
                 f"FailureConfig.max_preemption_failures={self.max_preemption_failures!r} is invalid: use -1 "
                 "(unlimited, the default), 0 (count preemptions as failures) or a positive int."
             )
+        if not isinstance(self.relax_collectives_on_preemption, bool):
+            raise TypeError(
+                f"FailureConfig.relax_collectives_on_preemption must be True or False, got "
+                f"{self.relax_collectives_on_preemption!r}."
+            )
+        require_number(
+            "FailureConfig",
+            "preemption_grace_s",
+            self.preemption_grace_s,
+            minimum=0,
+            fix="use a number of seconds >= 0 (0, the default, adds no wait).",
+        )
 
 
 IF_EXISTS_CHOICES = ("resume", "overwrite", "error")

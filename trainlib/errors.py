@@ -1,4 +1,4 @@
-"""The one exception tree of trainlib. Used on the driver and in worker actors.
+"""The one exception tree of trainlib, and when an I/O error is worth a retry. Driver and worker actors.
 
 Every exception here is picklable (it crosses Ray process boundaries), so each
 stores only plain strings and numbers and passes them all to ``__init__``.
@@ -120,3 +120,18 @@ class ResourcesUnavailableError(ControllerError):
 
 class StorageError(ControllerError):
     """Run storage could not be read or written (after retries)."""
+
+
+# Retrying I/O on transient errors: one rule for trainlib's storage and the pipeline's downloads. Defined in
+# trainlib/_internal/util/retry.py, which imports this module's errors: re-exported when first asked for (PEP 562).
+_RETRY_NAMES = ("describe_error", "is_transient", "with_retries")
+
+
+def __getattr__(name: str):
+    if name in _RETRY_NAMES:
+        from trainlib._internal.util import retry
+
+        value = getattr(retry, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'trainlib.errors' has no attribute {name!r}")

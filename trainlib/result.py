@@ -6,6 +6,8 @@ import dataclasses
 import os
 from typing import Any
 
+import fsspec
+
 from trainlib._internal.metrics import lookup_metric
 from trainlib._internal.storage.retention import best_checkpoints
 from trainlib._internal.storage.run_record import RunRecord, RunStatus
@@ -22,7 +24,8 @@ class Result:
     Attributes:
         metrics: rank 0's last reported metrics.
         checkpoint: the latest committed checkpoint, or None.
-        path: the run's folder (a URL for remote storage).
+        path: the run's folder as a path inside ``filesystem``, as Ray Train gives it: without the
+            URL's scheme for remote storage (``bucket/runs/run``). :attr:`uri` is the folder as one URL.
         error: the exception that ended the run, or None if it finished.
         metrics_dataframe: every report as a row (the metrics, then ``step``, ``attempt``,
             ``timestamp`` and ``checkpoint``), or None. A metric reported under one of
@@ -31,8 +34,9 @@ class Result:
             in Ray Train's order: by ``checkpoint_score_attribute``, best last,
             or in report order without one. The latest checkpoint that an
             unfinished run keeps for resuming is not among them unless it is one of the best.
-        filesystem: the filesystem of ``path``: the one given as ``storage_filesystem``
-            (fsspec or ``pyarrow.fs``), else the fsspec filesystem of the storage URL.
+        filesystem: the ``pyarrow.fs.FileSystem`` of ``path``, as Ray Train gives it: the one given as
+            ``storage_filesystem`` when that is a pyarrow one, else the storage's (``LocalFileSystem`` on local
+            disk, pyarrow's own from a URL with query parameters, else ``PyFileSystem(FSSpecHandler(fs))``).
         return_value: what the training function returned on rank 0, or None (it returned
             nothing, the run failed, or the Result was read back with ``from_path``: the value
             is not stored in the run folder, as in Ray Train).
@@ -52,6 +56,13 @@ class Result:
     # The metrics log's rows; the DataFrame is built from them on first use, so fit() does
     # not import pandas (~0.5 s, ~70 MB) for a caller that never looks.
     _metrics_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
+    _uri: str | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def uri(self) -> str:
+        """The run's folder as one URL (``s3://bucket/runs/run``, with the storage URL's query parameters; a plain
+        path on local disk), which ``Result.from_path`` reads back without a ``storage_filesystem``."""
+        return self._uri or self.path
 
     @property
     def metrics_dataframe(self) -> Any:
@@ -77,7 +88,7 @@ class Result:
             raise ValueError(f"Result.get_best_checkpoint(mode={mode!r}) is invalid: use mode='min' or mode='max'.")
         if not self.best_checkpoints:
             raise RuntimeError(
-                f"Result.get_best_checkpoint(): the run at {self.path} kept no checkpoint: report one "
+                f"Result.get_best_checkpoint(): the run at {self.uri} kept no checkpoint: report one "
                 "with trainlib.report(metrics, checkpoint=trainlib.Checkpoint.from_directory(folder))."
             )
         scored = [
@@ -114,11 +125,12 @@ class Result:
         return cls(
             metrics=rows[-1]["metrics"] if rows else None,
             checkpoint=Checkpoint(latest.path, storage.fs) if latest else None,
-            path=storage.uri(),
+            path=storage.run_path,
             error=error,
             _metrics_rows=rows,
             best_checkpoints=[(Checkpoint(c.path, storage.fs), c.metrics) for c in best],
-            filesystem=filesystem if filesystem is not None else storage.fs,
+            filesystem=_pyarrow_filesystem(filesystem, storage),
+            _uri=storage.uri(),
         )
 
     @classmethod
@@ -152,6 +164,15 @@ class Result:
         return cls.from_storage(
             storage, CheckpointConfig(**record.checkpoint_config), error, filesystem=storage_filesystem
         )
+
+
+def _pyarrow_filesystem(given: Any, storage: RunStorage) -> Any:
+    """``Result.filesystem``: a given pyarrow filesystem itself, else the pyarrow form of the storage's."""
+    from trainlib._internal.util.filesystem import as_pyarrow
+
+    if given is not None and not isinstance(given, fsspec.AbstractFileSystem):
+        return given
+    return as_pyarrow(storage.fs)
 
 
 def _dataframe_row(row: dict[str, Any]) -> dict[str, Any]:

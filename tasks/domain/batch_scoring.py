@@ -278,6 +278,45 @@ def output_format(output_url: str) -> str:
     return OUTPUT_FORMATS[extension]
 
 
+class OutputLocationError(ValueError):
+    """The predictions cannot be written where asked (checked before any scoring); the message says why."""
+
+
+def check_output_location(
+    output_url: str, storage_options: Mapping[str, Any] | None = None, overwrite: bool = False
+) -> None:
+    """Before scoring: refuse an existing output (unless ``overwrite``) and a local folder that cannot be written.
+
+    A local folder is checked by creating and removing a probe file in it (its folders made first): permissions,
+    a read-only mount and a full quota all show. Object stores are checked at the write.
+
+    Raises:
+        OutputLocationError: naming the output and the fix.
+    """
+    fs, path = fsspec.core.url_to_fs(output_url, **dict(storage_options or {}))
+    shown = mask_url(output_url)
+    if fs.exists(path) and not overwrite:
+        raise OutputLocationError(
+            f"The output {shown} exists already; scoring does not replace it unless told to. Pass another "
+            "output_url, or overwrite=True (--overwrite) to replace it."
+        )
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol not in ("file", "local"):
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    probe = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex}.probe")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except OSError as exc:
+        raise OutputLocationError(
+            f"Cannot write the output {shown}: {type(exc).__name__}: {exc.strerror or exc}. Pass an output_url in a "
+            "folder this process can write (checked before scoring, so nothing was scored)."
+        ) from None
+
+
 def write_predictions(
     predictions: pd.DataFrame, output_url: str, storage_options: Mapping[str, Any] | None = None
 ) -> str:
@@ -328,6 +367,7 @@ __all__ = [
     "ResolvedModel",
     "class_histogram",
     "load_model",
+    "check_output_location",
     "output_format",
     "read_predictions",
     "requirement_mismatches",

@@ -4,7 +4,7 @@ Runs where a network of the model is built: training's workers (the recipes' arc
 the tutorial's), the evaluate and register steps, and every process that loads a registered version.
 MLflow ships this file with each version (``code_paths``, the ``code/`` folder of its pyfunc and pytorch
 flavors) beside ``classifier_model.py``, which imports it; kept apart from that file so that training's
-workers build the network without importing mlflow (~1.3 s of CPU and ~125 MB a worker, measured).
+workers build the network without importing mlflow (its import costs each worker CPU and memory).
 
 Example::
 
@@ -36,8 +36,8 @@ ARCHITECTURES = {"resnet18-1ch": (7, 2, 3, 64), "resnet18-1ch-small": (3, 1, 1, 
 ARCHITECTURE = "resnet18-1ch"  # what a model_config naming no architecture holds
 
 # From this many images on, forward_in_batches scores with a ResNet18's scoring_copy: the copy costs ~15-60 ms;
-# folding its BatchNorms saves 2-10% of the scoring time, ~0.01-0.035 ms an image on 2 CPUs, and its products on
-# small maps 3% (default network) to 23% (the tutorial's) more (bench/results/network.md), so a 64-image call keeps
+# folding its BatchNorms and its products on small maps save more than that only on many images
+# (docs/benchmarks.md, "The pipeline (kept)"; `python -m bench network`), so a 64-image call keeps
 # the network as it is, the 10,000 test images do not.
 SCORING_COPY_FROM_IMAGES = 2048
 
@@ -233,8 +233,7 @@ def forward_in_batches(
     With torch allowed several threads, as many threads of one intra-op thread each take the batches one at a
     time, in turn. On ResNet18's small feature maps that keeps the cores busier than splitting every operation
     across them, and a thread slowed by another process on its core takes fewer batches instead of holding the
-    others up: 10,000 test images in a 2-CPU Ray task took 4.2 s against 4.6 s, and 6.0 s against 12.6 s with
-    another process busy on one core (bench/results/scoring_threads_ab.md). The evaluate step and the registered
+    others up (docs/benchmarks.md, "The pipeline (kept)"). The evaluate step and the registered
     model's ``predict`` both come here, so they give the same labels.
     """
     if isinstance(network, ResNet18) and len(images) >= SCORING_COPY_FROM_IMAGES:

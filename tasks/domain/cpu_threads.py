@@ -2,10 +2,10 @@
 
 A Ray worker that imported torch before its first task (``preload_python_modules``) keeps
 torch's default thread count, one per core, whatever CPUs its tasks reserve: two
-one-CPU scoring workers on two cores then run four threads and each goes ~3x slower than
-alone (measured). A task calls :func:`use_assigned_cpus` first. It also sets trainlib's malloc
-settings for torch processes (``trainlib/_internal/util/allocator.py``): scoring 10,000 test images
-took 3.1-3.9 s with glibc's defaults (~450,000 page faults) and 2.4-2.8 s with them (measured).
+one-CPU scoring workers on two cores then run four threads and each goes far slower than
+alone. A task calls :func:`use_assigned_cpus` first. It also sets trainlib's malloc
+settings for torch processes (:func:`trainlib.startup.keep_step_allocations`), which spare scoring the page
+faults of glibc's defaults (docs/benchmarks.md, "Steady state (kept)").
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def use_assigned_cpus() -> int:
     import ray
     import torch
 
-    from trainlib._internal.util.allocator import keep_step_allocations
+    from trainlib.startup import keep_step_allocations
 
     if not ray.is_initialized() or ray.get_runtime_context().worker.mode != ray.WORKER_MODE:
         return torch.get_num_threads()

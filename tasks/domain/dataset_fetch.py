@@ -13,22 +13,19 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import http.client
 import logging
 import math
 import os
-import urllib.parse
-import urllib.request
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import fsspec
-
+from tasks.domain.credentials import MIRROR_CREDENTIALS_ENV_VAR
 from tasks.domain.dataset_registry import DatasetSpec, get_dataset_spec
+from tasks.domain.file_copy import copy_to_file, md5_file
 from tasks.domain.urls import expand_path, is_url, mask_url
-from trainlib.retry import describe_error, is_transient, with_retries
+from trainlib.errors import describe_error, is_transient, with_retries
+from trainlib.masking import redact_text
 
 logger = logging.getLogger("trainlib")
 
@@ -36,7 +33,9 @@ MIRRORS_ENV_VAR = "TRAINLIB_DATA_MIRRORS"
 DEFAULT_TIMEOUT_S = 60.0  # per socket operation of one HTTP download
 DEFAULT_ATTEMPTS = 3  # tries per mirror on transient errors
 DEFAULT_BACKOFF_S = 1.0  # about the wait before the 2nd try; doubles for each further one
-CHUNK_BYTES = 1 << 20
+# The most one data-set file may take when its size is not announced (no Content-Length): a mirror that streams
+# without end stops here instead of filling the disk. The largest known file (FashionMNIST's training images) is 26 MB.
+DEFAULT_MAX_FILE_BYTES = 1 << 30
 
 
 class DatasetDownloadError(RuntimeError):
@@ -95,6 +94,7 @@ def fetch_dataset(
     attempts_per_mirror: int = DEFAULT_ATTEMPTS,
     backoff_s: float = DEFAULT_BACKOFF_S,
     storage_options: Mapping[str, Any] | None = None,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> DatasetFiles:
     """Make every file of data set ``name`` present and md5-verified in ``cache_dir/name/``.
 
@@ -114,10 +114,12 @@ def fetch_dataset(
             by :func:`write_idx_dataset` or staged copies (pass ``files.md5s``).
         timeout_s: socket timeout of each HTTP request.
         attempts_per_mirror: tries per mirror on transient network errors
-            (connection refused or reset, timeouts, HTTP 5xx/429), as :func:`trainlib.retry.is_transient`
+            (connection refused or reset, timeouts, HTTP 5xx/429), as :func:`trainlib.errors.is_transient`
             decides.
         backoff_s: about the wait before the second try (jittered); doubles for each further one.
         storage_options: passed to fsspec for fsspec mirrors (e.g. an S3 endpoint).
+        max_file_bytes: the most one file may take; a download stops at its announced size (Content-Length) or
+            at this bound, whichever is smaller, and that mirror fails with the reason.
 
     Returns:
         The :class:`DatasetFiles`, with which files were downloaded and which cached.
@@ -152,8 +154,16 @@ def fetch_dataset(
         ) from None
 
     fetcher = _Fetcher(
-        spec.name, folder, mirror_list, timeout_s, attempts_per_mirror, backoff_s, dict(storage_options or {})
+        spec.name,
+        folder,
+        mirror_list,
+        timeout_s,
+        attempts_per_mirror,
+        backoff_s,
+        dict(storage_options or {}),
+        max_file_bytes,
     )
+    _sweep_dead_parts(folder)
     paths, downloaded, cached, sources = {}, [], [], {}
     for filename, md5 in expected.items():
         path = os.path.join(folder, filename)
@@ -222,7 +232,9 @@ class _Fetcher:
         attempts: int,
         backoff_s: float,
         storage_options: dict[str, Any],
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     ):
+        self.max_file_bytes = max_file_bytes
         self.dataset = dataset
         self.folder = folder
         self.mirrors = mirrors
@@ -243,13 +255,15 @@ class _Fetcher:
             if mirror in self.down:
                 tried.append((shown, f"skipped, unreachable earlier in this call: {self.down[mirror]}"))
                 continue
-            tmp = os.path.join(self.folder, f".{filename}.{uuid.uuid4().hex}.part")
+            # The pid in the name: a killed fetch's file is swept by the next fetch (_sweep_dead_parts).
+            tmp = os.path.join(self.folder, f".{filename}.{os.getpid()}-{uuid.uuid4().hex}.part")
             try:
                 actual, error, transient = self._download(url, tmp)
                 if error is not None:
                     tried.append((shown, error))
                     if transient:
                         self.down[mirror] = error
+                    logger.warning("Could not fetch %s from %s (%s); trying the next mirror.", filename, shown, error)
                     continue
                 if actual != md5:
                     mismatches += 1
@@ -293,7 +307,7 @@ class _Fetcher:
         def copy() -> str:
             nonlocal tries
             tries += 1
-            return _copy_to(url, tmp, self.timeout_s, self.storage_options)
+            return copy_to_file(url, tmp, self.timeout_s, self.storage_options, self.max_file_bytes)
 
         try:
             return (
@@ -309,52 +323,42 @@ class _Fetcher:
                 False,
             )
         except Exception as exc:  # noqa: BLE001 - reported with every other mirror's error
-            error = describe_error(exc).replace(url, mask_url(url))
+            error = _masked_error(describe_error(exc), url)
+            if getattr(exc, "code", None) in (401, 403):
+                error += (
+                    " (the mirror refused access: give its credentials in the mirror URL, "
+                    "http://user:password@host/path/, or in $" + MIRROR_CREDENTIALS_ENV_VAR + ")"
+                )
             if not is_transient(exc):
                 return None, error, False
             return None, f"{error} (after {tries} attempt(s))", True
 
 
-def _copy_to(url: str, tmp: str, timeout_s: float, storage_options: dict[str, Any]) -> str:
-    """Stream ``url`` into the file ``tmp``; return the md5 of what was written."""
-    scheme = urllib.parse.urlsplit(url).scheme.lower() if is_url(url) else ""
-    if scheme in ("http", "https"):
-        request = urllib.request.Request(url, headers={"User-Agent": "trainlib"})
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            length = response.headers.get("Content-Length")
-            md5, size = _stream(response, tmp)
-            if length is not None and size != int(length):
-                raise http.client.IncompleteRead(b"", int(length) - size)
-            return md5
-    if scheme == "file":
-        path = urllib.request.url2pathname(urllib.parse.urlsplit(url).path)
-        with open(path, "rb") as src:
-            return _stream(src, tmp)[0]
-    if scheme == "":
-        with open(url, "rb") as src:
-            return _stream(src, tmp)[0]
-    with fsspec.open(url, "rb", **storage_options) as src:
-        return _stream(src, tmp)[0]
+def _masked_error(text: str, url: str) -> str:
+    """``text`` with ``url`` (and the URL without its credentials) masked, wherever it appears."""
+    return redact_text(text.replace(url, mask_url(url)))
 
 
-def _stream(src: Any, tmp: str) -> tuple[str, int]:
-    digest = hashlib.md5(usedforsecurity=False)
-    size = 0
-    with open(tmp, "wb") as out:
-        while chunk := src.read(CHUNK_BYTES):
-            digest.update(chunk)
-            out.write(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
-
-
-def md5_file(path: str) -> str:
-    """The md5 of a local file, as 32 hex digits."""
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _sweep_dead_parts(folder: str) -> None:
+    """Remove the temporary files of fetches whose process is gone (killed mid-download)."""
+    for name in os.listdir(folder):
+        if not (name.startswith(".") and name.endswith(".part")):
+            continue
+        try:
+            pid = int(name[: -len(".part")].rsplit(".", 1)[1].split("-", 1)[0])
+        except (IndexError, ValueError):
+            continue  # not ours
+        try:
+            os.kill(pid, 0)
+            continue  # still fetching
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.remove(os.path.join(folder, name))
+        except FileNotFoundError:
+            pass
 
 
 def is_transient_download_failure(exc: BaseException | None) -> bool:

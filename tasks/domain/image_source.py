@@ -30,7 +30,9 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import io
+import os
 import posixpath
+import stat
 import struct
 import zlib
 from collections.abc import Mapping
@@ -49,6 +51,10 @@ ACCEPTED = (
     "'path' column), one image file, an idx image file (e.g. t10k-images-idx3-ubyte.gz) or a .npy array of "
     "images ([N, H, W], [N, H, W, C] or [N, C, H, W], values 0..255)"
 )
+
+
+# The most bytes one scoring input may take, read or decompressed (a gzip bomb, /dev/zero): 1.3 million images.
+MAX_INPUT_BYTES = 1 << 30
 
 
 class ImageSourceError(ValueError):
@@ -125,12 +131,11 @@ def read_images(url: str, storage_options: Mapping[str, Any] | None = None) -> I
     elif name.lower().endswith(MANIFEST_EXTENSIONS):
         from tasks.domain.scoring_manifest import read_manifest
 
-        images = read_manifest(fs, path, url, options)
+        images = read_manifest(_read_regular_file(fs, path, url), fs, path, url, options)
     elif name.lower().endswith(IMAGE_EXTENSIONS):
-        images = ImageSet(url, (name,), files=(checked_image(fs.cat_file(path), name, url),))
+        images = ImageSet(url, (name,), files=(checked_image(_read_regular_file(fs, path, url), name, url),))
     else:
-        with fs.open(path, "rb") as f:
-            data = f.read()
+        data = _read_regular_file(fs, path, url)
         if name.endswith(".npy"):
             pixels = _from_npy(data, url)
         elif "idx3" in name or name.endswith((".gz", "-ubyte")):
@@ -161,7 +166,8 @@ def checked_image(data: bytes, name: str, url: str) -> bytes:
         with Image.open(io.BytesIO(data)) as image:
             image.size  # noqa: B018 - the header's size: read, or the error below
     except Exception as exc:  # noqa: BLE001 - any decoder complaint about a file becomes one message
-        reason = "no known image format" if type(exc).__name__ == "UnidentifiedImageError" else str(exc)[:200]
+        known = type(exc).__name__ == "UnidentifiedImageError"  # its text names an io.BytesIO object
+        reason = "no known image format" if known else f"{type(exc).__name__}: {str(exc)[:200]}"
         raise ImageSourceError(
             f"{url}: {name} is not a readable image ({reason}). Remove it or replace it with a PNG or JPEG file."
         ) from None
@@ -171,11 +177,18 @@ def checked_image(data: bytes, name: str, url: str) -> bytes:
 def _read_folder(fs: Any, path: str, url: str) -> ImageSet:
     """Every image file under ``path`` (nested folders too), sorted by relative path; hidden files skipped."""
     root = path.rstrip("/")
+    listing = fs.find(root, detail=True)
     found = sorted(
         p
-        for p in fs.find(root)
+        for p in listing
         if p.lower().endswith(IMAGE_EXTENSIONS) and not any(part.startswith(".") for part in _relative(p, root))
     )
+    for p in found:
+        if listing[p].get("type") != "file":  # a pipe would hang the read, a device never end
+            raise ImageSourceError(
+                f"{url}: {'/'.join(_relative(p, root))} is not a regular file (a pipe, device or socket), which "
+                "scoring does not read. Remove it from the folder."
+            )
     contents = fs.cat(found, on_error="return") if found else {}
     ids, files, labels = [], [], []
     for full in found:
@@ -195,12 +208,44 @@ def _relative(full: str, root: str) -> list[str]:
     return posixpath.relpath(full, root).split("/")
 
 
-def _from_idx(data: bytes, url: str) -> np.ndarray:
+def _read_regular_file(fs: Any, path: str, url: str) -> bytes:
+    """The bytes of a regular file of at most :data:`MAX_INPUT_BYTES` (a FIFO would hang, a device never end)."""
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise ImageSourceError(
+                f"{url} is not a regular file (a pipe, device or socket), which scoring does not read. Pass {ACCEPTED}."
+            )
+    size = fs.size(path)
+    if size is not None and size > MAX_INPUT_BYTES:
+        raise ImageSourceError(
+            f"{url} has {size} bytes; a scoring input may have at most {MAX_INPUT_BYTES}. Split it into several "
+            "files and score each."
+        )
+    with fs.open(path, "rb") as f:
+        return f.read(MAX_INPUT_BYTES + 1)
+
+
+def _gunzip(data: bytes, url: str) -> bytes:
+    """``data`` decompressed, stopping past :data:`MAX_INPUT_BYTES` (a small gzip may expand without bound)."""
+    out = io.BytesIO()
     try:
-        if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            while chunk := stream.read(1 << 20):
+                out.write(chunk)
+                if out.tell() > MAX_INPUT_BYTES:
+                    raise ImageSourceError(
+                        f"{url} expands to more than {MAX_INPUT_BYTES} bytes; a scoring input may have at most that "
+                        "many. Split it into several files and score each."
+                    )
     except (OSError, EOFError, zlib.error) as exc:
         raise ImageSourceError(f"{url} is not a readable gzip file ({exc}). Pass {ACCEPTED}.") from None
+    return out.getvalue()
+
+
+def _from_idx(data: bytes, url: str) -> np.ndarray:
+    if data[:2] == b"\x1f\x8b":
+        data = _gunzip(data, url)
     if len(data) < 16 or struct.unpack(">I", data[:4])[0] != IDX_IMAGES_MAGIC:
         raise ImageSourceError(f"{url} is not an idx image file (wrong magic number). Pass {ACCEPTED}.")
     n, rows, cols = struct.unpack(">III", data[4:16])
@@ -228,8 +273,20 @@ def _from_npy(data: bytes, url: str) -> np.ndarray:
             "[N, C, H, W] or [N, 784]."
         )
     if array.dtype != np.uint8:
-        if not np.issubdtype(array.dtype, np.number) or array.size and (array.min() < 0 or array.max() > 255):
+        if not np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.complexfloating):
+            raise ImageSourceError(f"{url} holds {array.dtype} values; expected uint8 pixels 0..255.")
+        if array.size and not np.isfinite(array).all():
+            raise ImageSourceError(
+                f"{url} holds NaN or infinite values (first at image {int(np.argwhere(~np.isfinite(array))[0][0])}); "
+                "expected pixels 0..255. Fix or drop those images."
+            )
+        if array.size and (array.min() < 0 or array.max() > 255):
             raise ImageSourceError(f"{url} holds {array.dtype} values outside 0..255; expected uint8 pixels.")
+        if np.issubdtype(array.dtype, np.floating) and array.size and 0 < array.max() <= 1:
+            raise ImageSourceError(
+                f"{url} holds {array.dtype} values in 0..1, which the model would read as black images: it takes "
+                "pixels 0..255. Scale them first: np.rint(images * 255).astype(np.uint8)."
+            )
         array = np.rint(array).astype(np.uint8)
     return array
 

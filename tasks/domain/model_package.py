@@ -43,7 +43,7 @@ from tasks.domain.classifier_network import ARCHITECTURE
 from tasks.domain.dataset_registry import get_dataset_spec
 from tasks.domain.image_spec import ImageSpec
 from tasks.domain.network import MEAN, STD
-from trainlib._internal.util.patching import replaced_attribute
+from trainlib.startup import replaced_attribute
 
 NETWORK_PATH = os.path.abspath(classifier_network.__file__)
 _DOMAIN = os.path.dirname(NETWORK_PATH)
@@ -283,7 +283,7 @@ def _requirements_of_this_environment() -> Iterator[None]:
 
     :func:`pip_requirements` pins the versions this very process runs, so the check cannot find a
     mismatch. It maps every installed distribution to its modules first, on each process's first
-    save: 0.5-1.3 s of CPU, most of the register step (py-spy, 2026-12-02). MLflow's private
+    save: most of the register step's CPU. MLflow's private
     ``environment.warn_dependency_requirement_mismatches`` is replaced for the block; a version of
     MLflow without it runs its own check.
     """
@@ -399,7 +399,7 @@ def log_and_register(
     import mlflow
     from mlflow import MlflowClient
 
-    from trainlib._internal.util.environ import environment
+    from tasks.domain.environ import environment
     from trainlib.mlflow import using_tracking_uri
 
     client = MlflowClient(tracking_uri=tracking_uri)

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 import trainlib
-from tasks.domain.classifier_network import build_network, forward_in_batches
+from tasks.domain.champion import DATASET_TAG, alias_version, check_same_data
+from tasks.domain.classifier_network import EXPECTED_INPUT, build_network, forward_in_batches
 from tasks.domain.dataset_registry import get_dataset_spec
 from tasks.domain.evaluation import EvaluationReport, evaluate_model
 from tasks.domain.idx_files import load_fashion_mnist_split
@@ -84,23 +85,18 @@ def find_version_of_run(client: Any, model_name: str, run_id: str) -> str | None
 
 
 def champion_version(client: Any, model_name: str) -> str | None:
-    """The version the ``champion`` alias points to, or None (no such model or alias)."""
-    champion = champion_model_version(client, model_name)
+    """The version the ``champion`` alias points to, or None (no such model or alias); see :func:`alias_version`."""
+    champion = alias_version(client, model_name)
     return None if champion is None else str(champion.version)
 
 
-def champion_model_version(client: Any, model_name: str) -> Any | None:
-    """The MLflow ``ModelVersion`` (with its tags) the ``champion`` alias points to, or None."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return client.get_model_version_by_alias(model_name, CHAMPION_ALIAS)
-    except MlflowException:
-        return None
-
-
 def score_champion(
-    model_name: str, tracking_uri: str, images: torch.Tensor, labels: torch.Tensor, test_data_md5: str | None = None
+    model_name: str,
+    tracking_uri: str,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    test_data_md5: str | None = None,
+    dataset: str | None = None,
 ) -> ChampionScore:
     """The current champion's accuracy on uint8 ``images [N, 28, 28]``, through its registered pyfunc model.
 
@@ -110,33 +106,58 @@ def score_champion(
     would give the same number, ~3.5 s later on 2 cores. Otherwise it predicts every image; when that gives the
     accuracy its tags record for these files, the probe's labels are recorded on it for the next run.
     A champion that cannot be loaded or cannot predict raw images (e.g. registered by an
-    older pipeline) gets ``accuracy=None`` and the reason in ``error``.
+    older pipeline, or its files damaged) gets ``accuracy=None`` and the reason in ``error``: it is then not
+    replaced (:mod:`tasks.domain.champion`).
+
+    Raises:
+        ChampionMismatchError: the champion is a model of another data set (``dataset``), class list or input.
+        DanglingAliasError, RegistryUnavailableError: the registry cannot say which version is the champion.
     """
     import mlflow
     from mlflow import MlflowClient
 
     from trainlib.mlflow import using_tracking_uri
 
-    version = champion_model_version(MlflowClient(tracking_uri=tracking_uri), model_name)
+    version = alias_version(MlflowClient(tracking_uri=tracking_uri), model_name)
     if version is None:
         return ChampionScore(version=None)
+    if dataset is not None:
+        check_same_data(model_name, str(version.version), dataset, version.tags.get(DATASET_TAG))
     try:
         with using_tracking_uri(tracking_uri):
             # No check of its pinned packages against this Python (MLflow scans every installed package for
             # it, ~1.7 s): the champion is scored here, not served; the scoring flow checks them.
             model = mlflow.pyfunc.load_model(f"models:/{model_name}/{version.version}", suppress_warnings=True)
+    except Exception as exc:  # noqa: BLE001 - any failure means "cannot be compared", with the reason kept
+        return ChampionScore(version=str(version.version), error=_short_error(exc))
+    if dataset is not None:
+        recorded = model.metadata.metadata or {}
+        check_same_data(
+            model_name,
+            str(version.version),
+            dataset,
+            None,
+            get_dataset_spec(dataset).class_names,
+            recorded.get("class_names"),
+            EXPECTED_INPUT,
+            recorded.get("input"),
+        )
+    try:
         probe = label_digest(torch.as_tensor(model.predict(images[:PROBE_IMAGES].numpy())["label"].to_numpy().copy()))
         recorded = recorded_accuracy(version.tags, test_data_md5, len(images), probe)
         if recorded is not None:
             return ChampionScore(version=str(version.version), accuracy=recorded, recorded=True)
         predicted = model.predict(images.numpy())["label"].to_numpy()
     except Exception as exc:  # noqa: BLE001 - any failure means "cannot be compared", with the reason kept
-        return ChampionScore(
-            version=str(version.version), error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-        )
+        return ChampionScore(version=str(version.version), error=_short_error(exc))
     accuracy = float((torch.as_tensor(predicted.copy()) == labels).double().mean())
     _record_probe(version, test_data_md5, len(images), probe, accuracy, tracking_uri)
     return ChampionScore(version=str(version.version), accuracy=accuracy)
+
+
+def _short_error(exc: BaseException) -> str:
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
 
 
 def _record_probe(
@@ -213,7 +234,7 @@ def compare_with_champion(
     network = checkpoint_network(training.checkpoint_uri, training.architecture)
     report = evaluate_model(network, images, labels, get_dataset_spec(dataset.name).class_names)
     test_data_md5 = test_split_md5(dataset)
-    champion = score_champion(model_name, tracking_uri, images, labels, test_data_md5)
+    champion = score_champion(model_name, tracking_uri, images, labels, test_data_md5, dataset.name)
     return Comparison(
         report=report, champion=champion, test_data_md5=test_data_md5, probe=probe_digest(network, images)
     )

@@ -88,8 +88,8 @@ class ProgressBoard:
 
     A key, not an actor: an actor takes a worker process of its own, and on the pipeline's local Ray
     the one it took was a worker Ray had prestarted with torch imported, which training's first
-    worker then started on instead; without it the train step took 1.0-1.4 s less and one ~570 MB
-    process fewer ran (docs/pipeline.md). A publication is one small write to the GCS (well under a
+    worker then started on instead (docs/benchmarks.md, "The pipeline (kept)"). A publication is one small
+    write to the GCS (well under a
     millisecond on a local Ray), which rank 0 waits for, where the actor call did not. Ray's ``internal_kv``
     is experimental: its use is kept to this class.
 

@@ -91,11 +91,11 @@ def decide_promotion(
     Args:
         challenger_accuracy: the new version's test accuracy, in [0, 1].
         champion_accuracy: the current champion's accuracy on the same test images, or None
-            when there is no champion (or it could not be scored: then the challenger wins).
+            when there is no champion (or it could not be scored: then it is kept).
         champion_version: the current champion's version, for the record.
         min_margin: how much higher (absolute accuracy, e.g. 0.005 = half a point) the
             challenger must score; a win below it, or a tie, keeps the champion.
-        champion_error: why the champion could not be scored, for the reason.
+        champion_error: why the champion could not be scored: the challenger is then not promoted.
 
     Raises:
         ValueError: an accuracy outside [0, 1] or not a number; a margin outside [0, 1).
@@ -103,11 +103,20 @@ def decide_promotion(
     _check_accuracy("challenger_accuracy", challenger_accuracy)
     if isinstance(min_margin, bool) or not isinstance(min_margin, (int, float)) or not 0 <= min_margin < 1:
         raise ValueError(f"min_margin={min_margin!r} must be a number in [0, 1), e.g. 0.005 for half a point.")
+    if champion_accuracy is None and champion_error and champion_version is not None:
+        # Fails closed: a champion that cannot be loaded or scored (a storage outage, damaged files) is kept.
+        return PromotionDecision(
+            False,
+            challenger_accuracy,
+            None,
+            champion_version,
+            f"champion version {champion_version} could not be scored ({champion_error}): champion kept, the "
+            "challenger is not promoted",
+            min_margin,
+        )
     if champion_accuracy is None:
         if champion_version is None:
             reason = "no champion yet"
-        elif champion_error:
-            reason = f"champion version {champion_version} could not be scored ({champion_error})"
         else:
             reason = f"champion version {champion_version} has no test accuracy"
         return PromotionDecision(

@@ -19,6 +19,9 @@ import socket
 import urllib.parse
 from collections.abc import Iterable
 
+from tasks.domain.urls import mask_url
+from trainlib.masking import split_credentials
+
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 
 
@@ -35,7 +38,7 @@ class Problem:
     fix: str
 
     def __str__(self) -> str:
-        return f"- {self.setting}={self.value!r}: {self.fix}"
+        return f"- {self.setting}={mask_url(self.value)!r}: {self.fix}"
 
 
 def local_addresses() -> set[str]:
@@ -83,7 +86,7 @@ def problems(
 ) -> list[Problem]:
     """What in these settings a node on another host could not reach."""
     found: list[Problem] = []
-    if prefect_api_url and is_loopback(urllib.parse.urlsplit(prefect_api_url).hostname):
+    if prefect_api_url and is_loopback(urllib.parse.urlsplit(split_credentials(prefect_api_url).url).hostname):
         found.append(
             Problem(
                 "PREFECT_API_URL",
@@ -94,7 +97,8 @@ def problems(
             )
         )
     if mlflow_tracking_uri and mlflow_tracking_uri.split(":")[0] not in ("databricks", "databricks-uc"):
-        parts = urllib.parse.urlsplit(mlflow_tracking_uri)
+        # Without its user-info: a password may hold '#', '/' or '?', which urlsplit reads as the URL's end.
+        parts = urllib.parse.urlsplit(split_credentials(mlflow_tracking_uri).url)
         if parts.scheme in ("sqlite", "file", "") or (len(parts.scheme) == 1 and mlflow_tracking_uri[1:3] == ":\\"):
             found.append(
                 Problem(

@@ -6,12 +6,11 @@ version:
 * ``augmented`` (the default): SGD with Nesterov momentum, a one-cycle learning rate
   (warm-up then cosine decay), weight decay 5e-4, label smoothing 0.1, and random crops (2-pixel
   padding) with horizontal flips: a standard ResNet recipe, on ``resnet18-1ch-small`` (a ResNet18 for
-  28x28 images: 93.09% test accuracy after 10 epochs with 2 workers on the full data here,
-  bench/results/pipeline_10ep_small.md; 91.87% on the tutorial's network);
+  28x28 images: ahead of the tutorial's network at 10 epochs on the full data, docs/benchmarks.md, "The model");
 * ``tutorial``: the Ray Train tutorial's network and Adam at 1e-3, constant, no augmentation, no
   weight decay (90.21% after 10 epochs). It learns faster in very short runs (a few hundred steps), where the
   one-cycle schedule spends most of its steps warming up and cooling down.
-  ``bench/bench_recipe.py`` compares both; its figures are in ``bench/results/``.
+  ``python -m bench recipe`` compares both on a subset; ``python -m bench pipeline_10ep`` is the full check.
 
 Example::
 
@@ -32,8 +31,8 @@ import torch
 from tasks.domain.network import TUTORIAL_ARCHITECTURE
 
 RecipeName = Literal["augmented", "tutorial"]
-# The recipe measured ahead at the length the weekly retraining runs (10 epochs, full data: 93.09% vs
-# 90.21%); in runs of a few hundred steps the tutorial's is ahead (bench/results/recipe*.md, docs/model.md).
+# The recipe ahead at the length the weekly retraining runs (10 epochs, full data); in runs of a few hundred
+# steps the tutorial's is ahead (docs/benchmarks.md, "The model"; docs/model.md).
 DEFAULT_RECIPE: RecipeName = "augmented"
 
 

@@ -9,13 +9,15 @@ predictions. An image's id is its ``path`` as written.
 
 Example::
 
-    images = read_manifest(fs, "bucket/batch/manifest.csv", "s3://bucket/batch/manifest.csv", options)
+    images = read_manifest(data, fs, "bucket/batch/manifest.csv", "s3://bucket/batch/manifest.csv", options)
 """
 
 from __future__ import annotations
 
 import io
+import os
 import posixpath
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,8 +28,8 @@ from tasks.domain.image_source import ImageSet, ImageSourceError, checked_image
 PATH_COLUMN, LABEL_COLUMN = "path", "label"
 
 
-def read_manifest(fs: Any, path: str, url: str, storage_options: Mapping[str, Any]) -> ImageSet:
-    """The images listed by the manifest at ``path`` on ``fs`` (``url``: its masked form, for messages).
+def read_manifest(data: bytes, fs: Any, path: str, url: str, storage_options: Mapping[str, Any]) -> ImageSet:
+    """The images listed by the manifest ``data``, read from ``path`` on ``fs`` (``url``: its masked form).
 
     Raises:
         ImageSourceError: the manifest is unreadable, lacks the ``path`` column, or a row's path is empty,
@@ -35,7 +37,6 @@ def read_manifest(fs: Any, path: str, url: str, storage_options: Mapping[str, An
     """
     import pandas as pd
 
-    data = fs.cat_file(path)
     try:
         frame = pd.read_parquet(io.BytesIO(data)) if path.lower().endswith(".parquet") else _read_csv(data)
     except Exception as exc:  # noqa: BLE001 - a table that pandas cannot read becomes one message
@@ -49,8 +50,15 @@ def read_manifest(fs: Any, path: str, url: str, storage_options: Mapping[str, An
     folder = posixpath.dirname(path)
     protocol = _protocol(fs)
     targets = [_target(value, row, folder, protocol, url) for row, value in enumerate(frame[PATH_COLUMN])]
-    contents = _fetch(fs, targets, protocol, storage_options)
     ids = tuple(str(value).strip() for value in frame[PATH_COLUMN])
+    if protocol in ("file", "local"):  # a pipe would hang the read, a device never end
+        for row, target in enumerate(targets):
+            if "://" not in target and os.path.exists(target) and not stat.S_ISREG(os.stat(target).st_mode):
+                raise ImageSourceError(
+                    f"{url}, row {row}: {ids[row]} is not a regular file (a pipe, device or socket), which scoring "
+                    "does not read."
+                )
+    contents = _fetch(fs, targets, protocol, storage_options)
     files = []
     for row, (name, target) in enumerate(zip(ids, targets, strict=True)):
         data = contents.get(target)

@@ -27,7 +27,7 @@ import fsspec
 
 from tasks.domain.dataset_fetch import DatasetDownloadError, DatasetFiles, fetch_dataset
 from tasks.domain.urls import expand_path, join_url, mask_url
-from trainlib.retry import describe_error, with_retries
+from trainlib.errors import describe_error, with_retries
 
 logger = logging.getLogger("trainlib")
 

@@ -177,7 +177,7 @@ def chosen_checkpoint(result: trainlib.Result) -> trainlib.Checkpoint:
         return result.best_checkpoints[-1][0]  # Ray Train's order: best last
     if result.checkpoint is None:
         raise RuntimeError(
-            f"Training run {result.path} committed no checkpoint: the training function must "
+            f"Training run {result.uri} committed no checkpoint: the training function must "
             "report one with trainlib.report(metrics, checkpoint=...)."
         )
     return result.checkpoint
@@ -195,7 +195,7 @@ def training_outcome(fit: FitResult, mlflow_run_id: str | None, architecture: st
         ]
     )
     return TrainingOutcome(
-        run_path=result.path,
+        run_path=result.uri,
         checkpoint_uri=checkpoint.uri,
         metrics=dict(result.metrics or {}),
         history=history,

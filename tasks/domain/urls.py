@@ -4,13 +4,19 @@ Example::
 
     expand_path("~/runs")                     # "/home/me/runs"
     join_url("s3://bucket/runs", "datasets")  # "s3://bucket/runs/datasets"
-    mask_url("https://user:pw@host/f?token=x")  # "https://***@host/f?***"
+    mask_url("https://user:p#w@host/f?token=x")  # "https://user:[REDACTED]@host/f?token=[REDACTED]"
+
+``mask_url`` is trainlib's one masking helper (:func:`trainlib.masking.redact_url`), under the name the
+pipeline's modules use.
 """
 
 from __future__ import annotations
 
 import os
-import urllib.parse
+
+from trainlib.masking import redact_url as mask_url
+
+__all__ = ["expand_path", "is_url", "join_url", "mask_url"]
 
 
 def is_url(location: str | os.PathLike) -> bool:
@@ -27,17 +33,3 @@ def expand_path(location: str | os.PathLike) -> str:
 def join_url(base: str, name: str) -> str:
     """``base/name`` for a local folder or a URL (always a ``/``, never a doubled one)."""
     return base.rstrip("/") + "/" + name
-
-
-def mask_url(url: str) -> str:
-    """``url`` with user, password and query string masked, safe to print or log."""
-    if not is_url(url):
-        return url
-    parts = urllib.parse.urlsplit(url)
-    if "@" not in parts.netloc and not parts.query:
-        return url  # nothing to hide (and sqlite:////abs/path keeps its slashes)
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    query = "***" if parts.query else ""
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))

@@ -24,7 +24,7 @@ import ray
 import trainlib
 import bulk_import_probe
 from malloc_probe import refaulted_pages
-from trainlib._internal.util.allocator import step_allocations_kept
+from trainlib._internal.startup.allocator import step_allocations_kept
 from trainlib.torch import TorchTrainer
 
 
@@ -61,7 +61,7 @@ node = ray._private.worker._global_node
 alive = {kind: [info.process.poll() is None for info in infos] for kind, infos in node.all_processes.items()}
 # The ports the raylet was given for its agents (agent_ports.py), against the ones the agents wrote once they listened.
 import glob, os
-from trainlib._internal.execution import embedded_ray
+from trainlib._internal.startup import embedded_ray
 first_ray = embedded_ray._local_ray
 given = dict(first_ray.agent_ports.ports)
 written = {name: int(open(files[0]).read()) for name in given
@@ -244,7 +244,7 @@ def test_embedded_ray_is_lean_reusable_and_gone_after_exit(tmp_path):
 SERIALIZERS_SCRIPT = r"""
 import json, sys
 import ray
-from trainlib._internal.execution.embedded_ray import ensure_ray
+from trainlib._internal.startup.embedded_ray import ensure_ray
 
 LIBRARIES = ("pyarrow", "pydantic", "starlette")
 ensure_ray(preload=())

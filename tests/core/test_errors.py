@@ -180,7 +180,7 @@ class _Unpicklable:
     ],
 )
 def test_report_rejects_what_ray_train_rejects(metrics, expected):
-    # Any picklable value is a valid metric (tests/parity/test_reporting.py); tensors and non-str keys are not.
+    # JSON values, tuples and dates are valid metrics (tests/parity/test_reporting.py); tensors and non-str names are not.
     # report() runs these checks in the worker; test_a_tensor_metric_is_refused_as_ray_train_refuses_it
     # shows such a refusal failing fit() end to end, so one worker start covers the path for all of them.
     from trainlib._internal.metrics import clean_metrics
@@ -190,7 +190,7 @@ def test_report_rejects_what_ray_train_rejects(metrics, expected):
     assert expected in str(info.value)
 
 
-def test_report_makes_numpy_values_plain_and_refuses_unpicklable_ones():
+def test_report_makes_numpy_values_plain_and_refuses_objects_run_storage_does_not_hold():
     import numpy as np
 
     from trainlib._internal.metrics import clean_metrics
@@ -208,7 +208,7 @@ def test_report_makes_numpy_values_plain_and_refuses_unpicklable_ones():
     )
     assert clean == {"a": 0.5, "b": 3, "c": True, "d": 7, "e": [0, 1, 2], "f": "text", "g": [1.5]}
     assert type(clean["a"]) is float and type(clean["g"][0]) is float
-    with pytest.raises(TypeError, match=r"metrics\['h'\].*cannot be pickled"):
+    with pytest.raises(TypeError, match=r"metrics\['h'\] is a .*_Unpicklable, which run storage does not hold"):
         clean_metrics({"h": _Unpicklable()})
 
 

@@ -74,7 +74,7 @@ def test_tutorial_job_has_no_gross_overhead_regression(tmp_path):
     )
     assert run["steps"] == 6 and run["world_size"] == 2
     assert run["leftover_processes"] == []
-    # The benchmark's own output, end to end (its units are tests/unit/test_bench_overhead.py).
+    # The benchmark's own output, end to end (its units are tests/startup/test_bench_overhead.py).
     assert 0 < run["time_to_first_step_s"] < run["wall_s"] and run["checkpoint_bytes"] > 40 * 2**20
     assert "| trainlib" in (tmp_path / "results" / "overhead.md").read_text()
     allowed_s = GROSS * recorded["outside_steps_s"] * factor

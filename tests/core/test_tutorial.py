@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
-from conftest import FASHION_MNIST_MIRROR, REPO_ROOT
+from conftest import FASHION_MNIST_MIRROR, REPO_ROOT, run_script
 
 from tasks.domain.generated_dataset import write_idx_dataset
-from tasks.domain.torchvision_layout import torchvision_layout
 
 SEED = os.path.join(REPO_ROOT, "..", "shared", "seed", "tutorial_ray_train.py")
 EXAMPLE = os.path.join(REPO_ROOT, "examples", "tutorial.py")
@@ -42,24 +40,9 @@ def test_example_is_exactly_the_converted_seed():
 
 
 def _run_tutorial(tmp_path, data_folder: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
-    tmpdir = tmp_path / "tmp"
     # The tutorial reads FashionMNIST from tempfile.gettempdir()/data with download=True;
     # with the raw files in place torchvision downloads nothing.
-    torchvision_layout(data_folder, tmpdir / "data")
-    script = tmp_path / "tutorial.py"
-    script.write_text(converted_seed() + CHECK)
-    # RAY_TMPDIR keeps Ray's socket paths short (AF_UNIX paths are limited to 107 bytes).
-    env = {
-        **os.environ,
-        "TMPDIR": str(tmpdir),
-        "RAY_TMPDIR": "/tmp",
-        "HOME": str(tmp_path / "home"),
-        "PYTHONPATH": REPO_ROOT,
-    }
-    env.pop("RAY_ADDRESS", None)
-    return subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout_s
-    )
+    return run_script(tmp_path, converted_seed() + CHECK, data_folder, timeout_s)
 
 
 def test_tutorial_runs_on_generated_fashion_mnist(tmp_path):

@@ -480,11 +480,11 @@ def test_promotion_needs_a_win_by_the_margin(challenger, champion, margin, promo
     assert tags["previous_champion_test_accuracy"] == f"{champion:.6f}"
 
 
-def test_unscorable_champion_is_replaced_with_the_reason():
+def test_unscorable_champion_is_kept_with_the_reason():
     from tasks.domain.promotion import decide_promotion
 
     decision = decide_promotion(0.5, None, "2", champion_error="AssertionError: Guard failed")
-    assert decision.promote and "could not be scored (AssertionError: Guard failed)" in decision.reason
+    assert not decision.promote and "could not be scored (AssertionError: Guard failed)" in decision.reason
     with pytest.raises(ValueError, match="min_margin"):
         decide_promotion(0.5, 0.4, "2", min_margin=-0.1)
 

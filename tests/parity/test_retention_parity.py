@@ -47,6 +47,7 @@ def test_a_finished_run_keeps_exactly_the_two_best(ray_session, storage_path):
     assert [m["acc"] for _, m in result.best_checkpoints] == [0.8, 0.9]  # Ray's order: best last
     assert _folders(result.path) == ["checkpoint_000002", "checkpoint_000004"]  # the disk budget is 2
     assert result.checkpoint.path.endswith("checkpoint_000004")  # the newest checkpoint kept
+    assert type(result.filesystem).__name__ == "LocalFileSystem"  # pyarrow's, as in Ray Train
     again = trainlib.Result.from_path(result.path)
     assert [m["acc"] for _, m in again.best_checkpoints] == [0.8, 0.9]
 
@@ -89,3 +90,7 @@ def test_a_pyarrow_filesystem_is_a_storage_filesystem(ray_session, tmp_path):
         storage_filesystem=pyarrow.fs.LocalFileSystem(),
     )
     assert local.checkpoint.path == str(tmp_path / "local" / "on-pyarrow-local" / "checkpoint_000005")
+    # Ray Train's Result.path and filesystem on local disk: the folder's path and a pyarrow LocalFileSystem.
+    assert local.path == str(tmp_path / "local" / "on-pyarrow-local")
+    assert isinstance(local.checkpoint.filesystem, pyarrow.fs.LocalFileSystem)
+    assert local.filesystem.get_file_info(f"{local.checkpoint.path}/step.txt").size == 1

@@ -122,6 +122,14 @@ def test_amp_on_cpu_runs_forward_in_bfloat16_and_trains(ray_session, storage_pat
     assert "already been set" in metrics["twice"]
 
 
+def test_each_local_mode_fit_starts_with_fresh_amp_settings(storage_path):
+    """Two local-mode runs in one process each call accelerate(): the second is not refused by the first's."""
+    first = _run(amp_train_func, storage_path, num_workers=0, name="amp-local-1").metrics
+    second = _run(amp_train_func, storage_path, num_workers=0, name="amp-local-2").metrics
+    assert first["out_dtypes"] == second["out_dtypes"] == ["torch.bfloat16"]
+    assert "already been set" in second["twice"]  # within one run, a second call is still refused
+
+
 def test_backward_and_prepare_optimizer_without_amp_are_the_plain_calls():
     from trainlib.torch import amp
 

@@ -219,16 +219,6 @@ def test_prefect_yaml_deployment_spec():
     assert scoring["work_pool"]["name"] == WORK_POOL and scoring["enforce_parameter_schema"] is True
 
 
-@pytest.mark.parametrize("package", ["trainlib", os.path.join("tasks", "domain")])
-def test_trainlib_and_the_domain_code_never_import_prefect(package):
-    for folder, _, files in os.walk(os.path.join(REPO_ROOT, package)):
-        for name in files:
-            if name.endswith(".py"):
-                with open(os.path.join(folder, name)) as f:
-                    text = f.read()
-                assert "import prefect" not in text and "from prefect" not in text, name
-
-
 def _main_command(tmp_path, *args):
     import subprocess
     import sys

@@ -108,14 +108,14 @@ def s3_fs():
     return s3fs.S3FileSystem(skip_instance_cache=True)
 
 
-def fit(name, config, max_failures=0, storage_options=None, **kwargs):
+def fit(name, config, max_failures=0, storage_options=None, storage_path=f"s3://{BUCKET}/runs", workers=2, **kwargs):
     return TorchTrainer(
         resumable_train_func,
         train_loop_config={"epochs": EPOCHS, "ckpt_every": 2, **config},
-        scaling_config=trainlib.ScalingConfig(num_workers=2),
+        scaling_config=trainlib.ScalingConfig(num_workers=workers),
         run_config=trainlib.RunConfig(
             name=name,
-            storage_path=f"s3://{BUCKET}/runs",
+            storage_path=storage_path,
             storage_options=storage_options,
             failure_config=trainlib.FailureConfig(max_failures=max_failures),
             **kwargs,
@@ -123,9 +123,28 @@ def fit(name, config, max_failures=0, storage_options=None, **kwargs):
     ).fit()
 
 
+def read_with_pyarrow(result):
+    """What Ray Train users do with a Result: read its files through result.filesystem and the paths as given."""
+    import io
+
+    import pyarrow.fs
+    import torch
+
+    assert isinstance(result.filesystem, pyarrow.fs.FileSystem)
+    assert isinstance(result.checkpoint.filesystem, pyarrow.fs.FileSystem)
+    with result.filesystem.open_input_stream(f"{result.path}/metrics.jsonl") as f:
+        rows = f.read().decode().splitlines()
+    with result.checkpoint.filesystem.open_input_stream(f"{result.checkpoint.path}/state.pt") as f:
+        state = torch.load(io.BytesIO(f.read()))
+    return len(rows), state["epoch"]
+
+
 def test_uninterrupted_run_on_s3(s3):
     result = fit("plain", {})
-    assert result.path == f"s3://{BUCKET}/runs/plain"
+    # As Ray Train gives them: the path inside the filesystem, no scheme; the URL for trainlib's readers.
+    assert result.path == f"{BUCKET}/runs/plain" and result.uri == f"s3://{BUCKET}/runs/plain"
+    assert result.checkpoint.path == f"{BUCKET}/runs/plain/checkpoint_{EPOCHS:06d}"
+    assert read_with_pyarrow(result) == (EPOCHS, EPOCHS)
     assert result.metrics["w"] == expected_w(EPOCHS, 2)
     fs = s3_fs()
     names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{BUCKET}/runs/plain"))
@@ -139,7 +158,7 @@ def test_uninterrupted_run_on_s3(s3):
         "trainlib_run.json",
     ]
     # Read back from S3 by a fresh reader, checkpoint files included.
-    again = trainlib.Result.from_path(result.path)
+    again = trainlib.Result.from_path(result.uri)
     assert again.metrics == result.metrics and len(again.metrics_dataframe) == EPOCHS
     import torch
 
@@ -170,6 +189,58 @@ def test_failure_without_restarts_on_s3_names_rank_and_cause(s3):
     ).fit()
     assert result.metrics["w"] == expected_w(EPOCHS, 2)
     assert set(result.metrics_dataframe[result.metrics_dataframe["attempt"] == 1]["start_epoch"]) == {3}
+
+
+def test_endpoint_override_in_the_storage_url_is_used(s3, monkeypatch):
+    """Ray Train's documented way to reach MinIO or any S3-compatible store: the endpoint in the URL's query. The
+    environment's endpoint points nowhere, in the driver and the workers, so only the URL's can reach the store."""
+    import pyarrow.fs
+
+    server, _ = s3
+    dead = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
+    url = f"s3://{BUCKET}/runs-endpoint?endpoint_override={server.endpoint}&region=us-east-1"
+    result = fit(
+        "endpoint",
+        {"epochs": 2},
+        storage_path=url,
+        workers=1,
+        worker_runtime_env={"env_vars": {"AWS_ENDPOINT_URL": dead}},
+    )
+    assert result.path == f"{BUCKET}/runs-endpoint/endpoint"
+    assert isinstance(result.filesystem, pyarrow.fs.S3FileSystem)  # pyarrow's own, from the URL, as in Ray Train
+    assert read_with_pyarrow(result) == (2, 2)
+    # The URLs trainlib gives back carry the endpoint: they read the run back without it in the environment.
+    assert result.uri == f"s3://{BUCKET}/runs-endpoint/endpoint?endpoint_override={server.endpoint}&region=us-east-1"
+    again = trainlib.Result.from_path(result.uri)
+    assert again.metrics == result.metrics and again.checkpoint.uri == result.checkpoint.uri
+    import torch
+
+    with trainlib.Checkpoint.from_uri(result.checkpoint.uri).as_directory() as folder:
+        assert torch.load(os.path.join(folder, "state.pt"))["epoch"] == 2
+
+
+def test_a_bad_query_parameter_is_one_clear_error(s3):
+    with pytest.raises(trainlib.StorageError, match="RunConfig.storage_path=.*bogus"):
+        fit("bogus", {"epochs": 1}, storage_path=f"s3://{BUCKET}/runs?bogus=1")
+
+
+@pytest.mark.parametrize("form", ["pyarrow_s3", "pyarrow_over_s3fs"])
+def test_a_pyarrow_storage_filesystem_gives_rays_path_and_filesystem(s3, form):
+    import pyarrow.fs
+
+    server, _ = s3
+    if form == "pyarrow_s3":
+        filesystem = pyarrow.fs.S3FileSystem(endpoint_override=server.endpoint, region="us-east-1")
+    else:
+        filesystem = pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(s3_fs()))
+    result = fit(form, {"epochs": 2}, storage_path=f"{BUCKET}/runs-{form}", storage_filesystem=filesystem, workers=1)
+    assert result.path == f"{BUCKET}/runs-{form}/{form}" and result.filesystem is filesystem
+    assert result.checkpoint.path == f"{BUCKET}/runs-{form}/{form}/checkpoint_000002"
+    assert type(result.checkpoint.filesystem) is type(filesystem)
+    assert read_with_pyarrow(result) == (2, 2)
+    again = trainlib.Result.from_path(result.path, storage_filesystem=filesystem)
+    assert again.metrics == result.metrics and again.path == result.path
 
 
 def wait_for_object(path, timeout=120):

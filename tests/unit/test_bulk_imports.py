@@ -8,8 +8,8 @@ import weakref
 
 import pytest
 
-from trainlib._internal.execution import bulk_imports
-from trainlib._internal.execution.bulk_imports import collector_paused
+from trainlib._internal.startup import bulk_imports
+from trainlib._internal.startup.bulk_imports import collector_paused
 
 
 class _Node:

@@ -13,6 +13,7 @@ import fsspec
 import pytest
 from conftest import controller_on
 
+from trainlib._internal import tunables
 from trainlib._internal.execution.controller import Controller
 from trainlib._internal.execution.failures import FailurePolicy
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage
@@ -51,6 +52,7 @@ class FakeGroup:
         self.started_with = None
         self.shut_down = False
         self.plan = None
+        self.flush_timeouts = []
 
     def start_actors(self):
         pass
@@ -85,6 +87,7 @@ class FakeGroup:
                         f.write(data)
 
     def flush(self, timeout):
+        self.flush_timeouts.append(timeout)
         self._write_files(self.flushed)
         return self.flushed
 
@@ -111,7 +114,7 @@ def storage(tmp_path):
     return RunStorage(fsspec.filesystem("file"), str(tmp_path / "runs"), "run")
 
 
-def make_controller(storage, attempts, *, max_failures=0, checkpoint_config=None, callbacks=None):
+def make_controller(storage, attempts, *, max_failures=0, checkpoint_config=None, callbacks=None, failure_config=None):
     groups = list(attempts)
     made = []
 
@@ -124,7 +127,7 @@ def make_controller(storage, attempts, *, max_failures=0, checkpoint_config=None
         storage,
         make_group,
         checkpoint_config=checkpoint_config,
-        failure_config=FailureConfig(max_failures),
+        failure_config=failure_config or FailureConfig(max_failures),
         callbacks=callbacks,
     )
     return controller, made
@@ -383,3 +386,62 @@ def test_a_workers_flush_wakes_the_drivers_next_messages_call():
     assert not call.is_alive() and answers == [[]]
     worker.outbox.put(DoneMessage(0))  # the wake-up is never handed to the driver
     assert worker.next_messages() == [DoneMessage(0)]
+
+
+def _preempted_attempt(storage):
+    """Step 1 reported by both ranks; rank 0 (node-a) reports a just-in-time checkpoint at step 2, then the
+    drained node's rank 1 (node-b) is lost before reporting it. Then an attempt that finishes."""
+    m = manifests(2)
+    files = {**ckpt_files(1), (2, 0): {"model.pt": b"w" * 12}}
+    lost = error(1, "the worker process (pid 4242) on node 10.0.0.1 died: SIGKILL", "")
+    first = FakeGroup(
+        [reports_with_ckpt(1), report(0, 2, {"loss": 0.5}, m[0]), lost],
+        2,
+        nodes=["node-a", "node-b"],
+        storage=storage,
+        files=files,
+    )
+    return first, FakeGroup([[done(0), done(1)]], 2, nodes=["node-a", "node-c"], storage=storage)
+
+
+@pytest.mark.parametrize(
+    "relax, drained, committed",
+    [(True, "node-b", [1, 2]), (False, "node-b", [1]), (True, "node-a", [1])],  # rank 0 on node-a: never relaxed
+)
+def test_relax_collectives_on_preemption_commits_what_the_survivors_reported(tmp_path, relax, drained, committed):
+    from trainlib._internal.execution.monitor import PreemptionWatcher
+
+    storage = RunStorage(fsspec.filesystem("file"), str(tmp_path / "runs"), "run", shared=True)  # two nodes
+
+    first, second = _preempted_attempt(storage)
+    # max_failures=1: with node-a drained, the loss of rank 1 (node-b) is an ordinary failure.
+    config = FailureConfig(max_failures=1, relax_collectives_on_preemption=relax, preemption_grace_s=12.5)
+    controller, _ = make_controller(storage, [first, second], failure_config=config)
+    controller.watcher = PreemptionWatcher(get_draining=dict)
+    controller.watcher.drained = {drained}
+    controller.run()
+    assert [c.step for c in storage.committed_checkpoints()] == committed
+    assert second.started_with["checkpoint"].path.endswith(f"checkpoint_{committed[-1]:06d}")
+    # preemption_grace_s: the survivors' uploads get that much longer than after any other failure.
+    assert first.flush_timeouts == [tunables.FLUSH_AFTER_FAILURE_S + 12.5]
+
+
+def test_preemption_grace_is_not_added_to_other_failures(storage):
+    group = FakeGroup([reports_with_ckpt(1), error(0)], 2, storage=storage, files=ckpt_files(1))
+    controller, _ = make_controller(storage, [group], failure_config=FailureConfig(preemption_grace_s=60))
+    with pytest.raises(TrainingFailedError):
+        controller.run()
+    assert group.flush_timeouts == [tunables.FLUSH_AFTER_FAILURE_S]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"relax_collectives_on_preemption": "yes"}, "relax_collectives_on_preemption must be True or False"),
+        ({"preemption_grace_s": -1}, "preemption_grace_s=-1 is invalid"),
+        ({"preemption_grace_s": "10"}, "preemption_grace_s must be a number"),
+    ],
+)
+def test_preemption_settings_are_checked(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        FailureConfig(**kwargs)

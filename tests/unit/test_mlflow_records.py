@@ -1,11 +1,11 @@
-"""What the MLflow logger does with a record MLflow cannot take (trainlib.mlflow.records)."""
+"""What the MLflow logger does with a record MLflow cannot take (trainlib.mlflow._records)."""
 
 from __future__ import annotations
 
 import pytest
 from mlflow.exceptions import MlflowException
 
-from trainlib.mlflow.records import is_rejected, send_record
+from trainlib.mlflow._records import is_rejected, send_record
 
 
 def test_a_checkpoint_deleted_before_its_copy_is_rejected_not_spooled(tmp_path):

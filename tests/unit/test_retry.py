@@ -1,4 +1,5 @@
-"""Tests of trainlib.retry: which I/O errors are retried (storage, HTTP, DNS, TLS) and the one-line descriptions."""
+"""Tests of trainlib._internal.util.retry (public as trainlib.errors.with_retries...): which I/O errors are retried
+(storage, HTTP, DNS, TLS) and the one-line descriptions."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import urllib.error
 import pytest
 
 from trainlib._internal import tunables
+from trainlib._internal.util.retry import describe_error, is_transient, with_retries
 from trainlib.errors import StorageError
-from trainlib.retry import describe_error, is_transient, with_retries
 
 
 def http_error(code: int, reason: str) -> urllib.error.HTTPError:
@@ -147,3 +148,12 @@ def test_untrusted_certificate_is_not_called_a_permission_problem(fast_retries):
     with pytest.raises(StorageError) as info:
         with_retries("reading https://host/f.gz", untrusted)
     assert "certificate" in str(info.value) and "write access" not in str(info.value)
+
+
+def test_the_pipeline_gets_the_same_retry_rule_from_trainlib_errors():
+    import trainlib.errors
+
+    assert trainlib.errors.with_retries is with_retries
+    assert trainlib.errors.is_transient is is_transient and trainlib.errors.describe_error is describe_error
+    with pytest.raises(AttributeError, match="no attribute 'retry_forever'"):
+        trainlib.errors.retry_forever  # noqa: B018

@@ -9,7 +9,7 @@ import time
 
 from ray._private.log_monitor import LogMonitor, is_proc_alive
 
-from trainlib._internal.execution.worker_logs import LogTail
+from trainlib._internal.startup.worker_logs import LogTail
 
 
 class _Printed:
@@ -96,7 +96,7 @@ def test_stop_reads_the_last_lines_for_a_bounded_time_when_workers_keep_printing
 
 
 def test_the_printer_skips_other_jobs_lines_as_rays_subscriber_does():
-    from trainlib._internal.execution.worker_logs import _DriverPrinter
+    from trainlib._internal.startup.worker_logs import _DriverPrinter
 
     printer = _DriverPrinter("01000000", "10.0.0.1", ignore_prefix=False)
     emitted = []
@@ -130,7 +130,7 @@ def test_each_worker_line_reaches_the_console_in_one_write(monkeypatch):
     and the embedded Ray's reader both go through print_worker_logs."""
     from ray._private import worker as ray_worker
 
-    from trainlib._internal.execution.worker_logs import _DriverPrinter, print_whole_lines
+    from trainlib._internal.startup.worker_logs import _DriverPrinter, print_whole_lines
 
     monkeypatch.setattr(ray_worker, "print_worker_logs", ray_worker.print_worker_logs)  # restored after the test
     print_whole_lines()

@@ -1,24 +1,38 @@
 """Reported metric values: checked in the worker, stored as JSON, read back as they were. Used on both sides.
 
-As in Ray Train, ``report()`` takes any picklable value: numbers, strings,
-lists, dicts, None, objects. Numbers (NumPy scalars included) become plain
-Python numbers and NumPy arrays become lists; JSON values are stored as they
-are, and any other picklable object is stored pickled inside the JSON, so
-``Result.metrics`` and ``metrics_dataframe`` give back the object itself.
-Only torch tensors are refused, as Ray Train refuses them (a tensor may hold
-device memory and the whole autograd graph): report ``loss.item()``.
+``report()`` takes numbers, strings, None, lists, tuples, dicts and dates/times (``datetime.date``,
+``datetime.datetime``, ``datetime.time``, ``datetime.timedelta``); NumPy scalars and arrays become
+plain Python numbers and lists. Everything is stored as plain JSON: what JSON cannot say natively
+(a tuple, a date, a dict with non-str keys, a dict that looks like one of these tags) is written as a
+small tagged object ``{"__trainlib_type__": <kind>, "value": ...}`` and read back as it was.
+
+Any other object is refused by ``report()``, naming the metric: reading a run must never run code,
+so nothing is pickled into run storage. Runs written by earlier versions, which pickled such values,
+read back with each pickled value as a string that names it; it is never unpickled. Torch tensors
+are refused as Ray Train refuses them (a tensor may hold device memory and the autograd graph).
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import numbers
+import pickletools
 from typing import Any
 
 from trainlib._internal import tunables
 
+TYPE_KEY = "__trainlib_type__"
+# The marker of a pickled value in runs of earlier versions (read back as a string, never unpickled).
 PICKLED_KEY = "__trainlib_pickled__"
+_SCALARS = (str, int, float, bool, type(None))
+_TIMES = {
+    "datetime": datetime.datetime,
+    "date": datetime.date,
+    "time": datetime.time,
+    "timedelta": datetime.timedelta,
+}
 _MISSING = object()
 
 
@@ -41,7 +55,11 @@ def lookup_metric(metrics: dict[str, Any], name: str, default: Any = None) -> An
 
 
 def clean_metrics(metrics: Any) -> dict[str, Any]:
-    """Check ``report(metrics)`` and return it with NumPy values made plain Python values."""
+    """Check ``report(metrics)`` and return it as it will be stored (NumPy values made plain Python values).
+
+    Raises:
+        TypeError: naming the metric whose name, value or dict key cannot be stored.
+    """
     if not isinstance(metrics, dict):
         raise TypeError(
             f"trainlib.report(metrics=...) takes a dict, got {type(metrics).__name__}. "
@@ -69,26 +87,31 @@ def _clean_value(key: str, value: Any) -> Any:
             else "report plain values (e.g. .item() or .tolist()), or save tensors in the checkpoint"
         )
         raise TypeError(f"trainlib.report(): metrics[{key!r}] is a torch tensor {_short(value)}: {hint}.")
-    if type(value).__module__ == "numpy":
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
         return value.tolist()  # NumPy scalar -> int/float/bool, array -> (nested) list
-    if isinstance(value, numbers.Number) and hasattr(value, "item"):
+    if isinstance(value, numbers.Number) and hasattr(value, "item") and not isinstance(value, _SCALARS):
         return value.item()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_clean_value(key, v) for v in value)
+    if isinstance(value, list):
+        return [_clean_value(key, v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_clean_value(key, v) for v in value)
     if isinstance(value, dict):
+        for k in value:
+            if not isinstance(k, _SCALARS):
+                raise TypeError(
+                    f"trainlib.report(): metrics[{key!r}] holds a dict with the key {_short(k)} "
+                    f"({type(k).__name__}); dict keys in metrics must be str, int, float, bool or None. Use a "
+                    f"string key, e.g. {_short(str(k))}."
+                )
         return {k: _clean_value(key, v) for k, v in value.items()}
-    if isinstance(value, (str, int, float, bool, type(None))):
+    if isinstance(value, _SCALARS) or type(value) in _TIMES.values():
         return value
-    from ray import cloudpickle
-
-    try:
-        cloudpickle.dumps(value)
-    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same fix
-        raise TypeError(
-            f"trainlib.report(): metrics[{key!r}] ({type(value).__name__}) cannot be pickled: {exc}. Report "
-            "plain values (numbers, strings, lists) or picklable objects."
-        ) from None
-    return value
+    raise TypeError(
+        f"trainlib.report(): metrics[{key!r}] is a {type(value).__module__}.{type(value).__qualname__}, which run "
+        "storage does not hold: metrics are stored as JSON (numbers, strings, None, lists, tuples, dicts, "
+        "dates and times), never pickled, so that reading a run never runs code. Report a number or a string, "
+        f"e.g. str(value), or save the object in the checkpoint."
+    )
 
 
 def is_number(value: Any) -> bool:
@@ -96,33 +119,72 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float))
 
 
-def _encode(value: Any) -> Any:
-    """``json.dumps(default=...)``: a non-JSON value, pickled into a marker dict."""
-    from ray import cloudpickle
-
-    return {PICKLED_KEY: base64.b64encode(cloudpickle.dumps(value)).decode("ascii")}
-
-
-def _decode(obj: dict) -> Any:
-    """``json.loads(object_hook=...)``: a marker dict back to its value."""
-    if len(obj) == 1 and PICKLED_KEY in obj:
-        from ray import cloudpickle
-
-        try:
-            return cloudpickle.loads(base64.b64decode(obj[PICKLED_KEY]))
-        except Exception as exc:  # noqa: BLE001 - a class that does not import here
-            return f"<unreadable pickled value: {type(exc).__name__}: {exc}>"
-    return obj
-
-
 def dumps(obj: Any, **kwargs: Any) -> str:
-    """JSON text of ``obj``, metric values that JSON cannot hold pickled inside it."""
-    return json.dumps(obj, default=_encode, **kwargs)
+    """JSON text of ``obj``, what JSON cannot say natively written as tagged objects (see the module's doc)."""
+    return json.dumps(_encode(obj), **kwargs)
 
 
 def loads(text: str | bytes) -> Any:
-    """The inverse of :func:`dumps`."""
+    """The inverse of :func:`dumps`; never unpickles (an old run's pickled value comes back as a string)."""
     return json.loads(text, object_hook=_decode)
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value) and TYPE_KEY not in value and PICKLED_KEY not in value:
+            return {k: _encode(v) for k, v in value.items()}
+        return _tagged("dict", [[_encode(k), _encode(v)] for k, v in value.items()])
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, tuple):
+        return _tagged("tuple", [_encode(v) for v in value])
+    for kind, cls in _TIMES.items():
+        if type(value) is cls:
+            return _tagged(kind, value.total_seconds() if kind == "timedelta" else value.isoformat())
+    if isinstance(value, _SCALARS):
+        return value
+    raise TypeError(f"{type(value).__name__} values are not stored in run storage (see trainlib._internal.metrics)")
+
+
+def _tagged(kind: str, value: Any) -> dict[str, Any]:
+    return {TYPE_KEY: kind, "value": value}
+
+
+def _decode(obj: dict) -> Any:
+    """``json.loads(object_hook=...)``: a tagged object back to its value; an old pickled value to a string."""
+    if len(obj) == 2 and TYPE_KEY in obj and "value" in obj:
+        kind, value = obj[TYPE_KEY], obj["value"]
+        if kind == "tuple":
+            return tuple(value)
+        if kind == "dict":
+            return {k: v for k, v in value}
+        if kind == "timedelta":
+            return datetime.timedelta(seconds=value)
+        if kind in _TIMES:
+            return _TIMES[kind].fromisoformat(value)
+    if len(obj) == 1 and isinstance(obj.get(PICKLED_KEY), str):
+        return _pickled_placeholder(obj[PICKLED_KEY])
+    return obj
+
+
+def _pickled_placeholder(payload: str) -> str:
+    """What an earlier version's pickled value reads back as: a string naming its class, found by reading the
+    pickle's opcodes (pickletools runs nothing); the value itself is never unpickled."""
+    name = "object"
+    try:
+        strings: list[str] = []
+        for opcode, arg, _ in pickletools.genops(base64.b64decode(payload)):
+            if opcode.name in ("GLOBAL", "INST"):
+                name = str(arg).replace(" ", ".")
+                break
+            if isinstance(arg, str):
+                strings.append(arg)
+            if opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                name = f"{strings[-2]}.{strings[-1]}"
+                break
+    except Exception:  # noqa: BLE001 - a malformed payload: still only a string
+        pass
+    return f"<pickled {name}, not read: trainlib never unpickles run storage>"
 
 
 def _short(value: Any) -> str:

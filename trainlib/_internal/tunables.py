@@ -76,9 +76,18 @@ PREEMPTION_POLL_INTERVAL_S = 1.0
 # is the most workers seen to fit within this long.
 ELASTIC_SETTLE_S = 2.0
 
-# glibc malloc in torch training workers (trainlib/_internal/util/allocator.py). With glibc's defaults, a
+# glibc malloc in torch training workers (trainlib/_internal/startup/allocator.py). With glibc's defaults, a
 # training step's tensors (MBs each, allocated and freed every step) are mmap'd and unmapped, or the heap
-# is trimmed and grown again: ~16,000 page faults a step for the tutorial's ResNet18 on 2 CPUs, ~15% of a
-# step in the kernel (bench/results/malloc.md). Served from the heap and kept (up to this much free at its top), faults stop.
+# is trimmed and grown again, and each page given back is faulted in again on the next step. Served from the heap
+# and kept (up to this much free at its top), the faults stop (docs/benchmarks.md, "Steady state (kept)").
 WORKER_MALLOC_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's own ceiling for its adaptive threshold
 WORKER_MALLOC_TRIM_THRESHOLD_BYTES = 64 * 1024 * 1024
+
+# trainlib.collective (barrier, broadcast_from_rank_zero): Ray Train's environment variables and defaults. No
+# timeout unless set (a rank that never arrives still ends: its group fails or straggler_timeout_s fires), and a
+# warning naming the missing ranks on rank 0 at this interval while it waits.
+COLLECTIVE_TIMEOUT_S_ENV_VAR = "RAY_TRAIN_COLLECTIVE_TIMEOUT_S"
+COLLECTIVE_WARN_INTERVAL_S_ENV_VAR = "RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S"
+DEFAULT_COLLECTIVE_WARN_INTERVAL_S = 60.0
+# broadcast_from_rank_zero warns above this many pickled bytes (it is meant for small data, as in Ray Train).
+MAX_BROADCAST_SIZE_BYTES = 1000

@@ -1,5 +1,7 @@
 """MLflow tracking for trainlib runs: ``MLflowLogger``, ``log_model``, ``default_tracking_uri``. Driver only.
 
+The underscored modules are internal; what they offer to users is re-exported here.
+
 ``MLflowLogger`` is a driver-side :class:`trainlib.Callback`: one MLflow run per
 training job whatever its world size; a tracking outage never costs the
 training (records are spooled locally and replayed). ``log_model`` logs a
@@ -17,14 +19,22 @@ Example:
 
 from typing import Any
 
+from trainlib.mlflow._store import default_tracking_uri, probe_tracking_server, using_tracking_uri
 from trainlib.mlflow.errors import TrackingError
 from trainlib.mlflow.logger import MLflowLogger
-from trainlib.mlflow.store import default_tracking_uri, using_tracking_uri
 
 # The names whose modules import mlflow, imported when first used (PEP 562).
-_IMPORTS_MLFLOW = {"SpoolReplay": "trainlib.mlflow.spool", "log_model": "trainlib.mlflow.model"}
+_IMPORTS_MLFLOW = {"SpoolReplay": "trainlib.mlflow._spool", "log_model": "trainlib.mlflow.model"}
 
-__all__ = ["MLflowLogger", "SpoolReplay", "TrackingError", "default_tracking_uri", "log_model", "using_tracking_uri"]
+__all__ = [
+    "MLflowLogger",
+    "SpoolReplay",
+    "TrackingError",
+    "default_tracking_uri",
+    "log_model",
+    "probe_tracking_server",
+    "using_tracking_uri",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,7 @@ the same MLflow run: its id is kept in the run folder's ``trainlib_run.json``.
 A tracking outage never costs the training: every MLflow call is bounded in
 time, what cannot be sent is written to a local spool file, the logger says
 exactly what was not logged, and :meth:`MLflowLogger.replay_spool` sends it later
-(``sender.py``). Opening the MLflow run is in ``run.py``.
+(``_sender.py``). Opening the MLflow run is in ``_run.py``; a resumed run's missing metrics, ``_backfill.py``.
 
 This module does not import mlflow: ``before_run`` does (~1-1.5 s of CPU), so building the logger costs
 nothing and the import runs while ``fit()`` starts its workers, whose actors were asked for first.
@@ -27,34 +27,31 @@ from typing import TYPE_CHECKING, Any
 from trainlib._internal.metrics import is_number
 from trainlib._internal.storage.run_record import RunStatus
 from trainlib._internal.tracking.params import truncate
-from trainlib._internal.tracking.spool import Spool, describe_records
+from trainlib._internal.tracking.spool import Spool, describe_records, spool_file
 from trainlib._internal.util.masking import redact_text, redact_url
-from trainlib._internal.util.paths import expand_path, is_url
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
+from trainlib.mlflow._arguments import DEFAULT_EXPERIMENT_NAME, check_logger_arguments
+from trainlib.mlflow._backfill import missing_metrics_records
+from trainlib.mlflow._store import STATE_KEY, bounded_http, default_tracking_uri, probe_tracking_server
 from trainlib.mlflow.errors import TrackingError, short_error
-from trainlib.mlflow.store import STATE_KEY, bounded_http, default_tracking_uri, probe_tracking_server
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
     from trainlib.errors import WorkerError
-    from trainlib.mlflow.sender import RecordSender
-    from trainlib.mlflow.spool import SpoolReplay
+    from trainlib.mlflow._sender import RecordSender
+    from trainlib.mlflow._spool import SpoolReplay
     from trainlib.result import Result
 
 logger = logging.getLogger("trainlib")
 
-DEFAULT_EXPERIMENT_NAME = "trainlib"
-LOG_CHECKPOINTS_CHOICES = ("all", "best", "last", "uri")
 CHECKPOINT_ARTIFACT_DIR = "checkpoints"
-SPOOL_FILE = "mlflow_spool.jsonl"
-DEFAULT_SPOOL_DIR = "~/.trainlib/mlflow_spool"  # for runs whose storage is not local
 
 
 def _tag_value(text: str) -> str:
     """``text`` cut to MLflow's longest tag value (read from mlflow, which ``before_run`` imported)."""
-    from trainlib.mlflow.records import MAX_TAG_VAL_LENGTH
+    from trainlib.mlflow._records import MAX_TAG_VAL_LENGTH
 
     return truncate(text, MAX_TAG_VAL_LENGTH)
 
@@ -116,26 +113,7 @@ class MLflowLogger(Callback):
         *,
         spool_dir: str | os.PathLike | None = None,
     ):
-        if tracking_uri is not None and (not isinstance(tracking_uri, str) or not tracking_uri):
-            raise TypeError(
-                f"MLflowLogger(tracking_uri={tracking_uri!r}) must be a URI string such as "
-                "'http://127.0.0.1:5000' or 'sqlite:///mlflow.db', or None for the default."
-            )
-        if experiment_name is not None and (not isinstance(experiment_name, str) or not experiment_name.strip()):
-            raise ValueError(
-                f"MLflowLogger(experiment_name={experiment_name!r}) must be a non-empty string, e.g. "
-                "'fashion-mnist', or None for the default 'trainlib'."
-            )
-        if run_name is not None and not isinstance(run_name, str):
-            raise TypeError(f"MLflowLogger(run_name={run_name!r}) must be a string or None.")
-        if tags is not None and not isinstance(tags, dict):
-            raise TypeError(f"MLflowLogger(tags={tags!r}) must be a dict of tag name -> value.")
-        if log_checkpoints not in LOG_CHECKPOINTS_CHOICES:
-            raise ValueError(
-                f"MLflowLogger(log_checkpoints={log_checkpoints!r}) is invalid: use one of "
-                f"{', '.join(repr(c) for c in LOG_CHECKPOINTS_CHOICES)} ('uri' records the checkpoints' "
-                "storage URIs without copying them)."
-            )
+        check_logger_arguments(tracking_uri, experiment_name, run_name, tags, log_checkpoints)
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
         self.run_name = run_name
@@ -181,13 +159,13 @@ class MLflowLogger(Callback):
         probe_tracking_server(self._uri)  # seconds, not MLflow's minutes of retries; before Ray starts
         from mlflow.tracking import MlflowClient
 
-        from trainlib.mlflow.run import experiment_id, open_run
-        from trainlib.mlflow.sender import RecordSender
+        from trainlib.mlflow._run import experiment_id, open_run
+        from trainlib.mlflow._sender import RecordSender
 
         self._client = MlflowClient(tracking_uri=self._uri)
         self._failures = 0
         saved, self._saved = self._saved, {}
-        self._sender = RecordSender(self._client, self._uri, Spool(self._spool_file(run)))
+        self._sender = RecordSender(self._client, self._uri, Spool(spool_file(run.name, run.path, self.spool_dir)))
         self.spool_path = self._sender.spool.path
         try:
             with bounded_http():
@@ -218,7 +196,8 @@ class MLflowLogger(Callback):
             ) from None
         logger.info("MLflow run %s in experiment %r at %s", self.run_id, self._experiment_name(), redact_url(self._uri))
         if saved.get("run_id") == self.run_id and run.earlier_reports:
-            self._log_missing_metrics(run.earlier_reports)
+            for record in missing_metrics_records(self._client, self.run_id, run.earlier_reports):
+                self._emit(record)
 
     def after_report(self, run: RunInfo, report: ReportRecord) -> None:
         metrics = {k: v for k, v in report.metrics.items() if is_number(v)}
@@ -313,13 +292,13 @@ class MLflowLogger(Callback):
 
     @classmethod
     def replay_spool(cls, path: str | os.PathLike, tracking_uri: str | None = None) -> SpoolReplay:
-        """Send the records spooled at ``path`` to MLflow, oldest first (see :func:`trainlib.mlflow.spool.replay_spool`).
+        """Send the records spooled at ``path`` to MLflow, oldest first (see :func:`trainlib.mlflow._spool.replay_spool`).
 
         Example:
             >>> MLflowLogger.replay_spool("/runs/fashion/mlflow_spool.jsonl")
             SpoolReplay(path=..., sent=12, remaining=0, rejected=())
         """
-        from trainlib.mlflow.spool import replay_spool
+        from trainlib.mlflow._spool import replay_spool
 
         return replay_spool(path, tracking_uri)
 
@@ -327,56 +306,6 @@ class MLflowLogger(Callback):
 
     def _experiment_name(self) -> str:
         return self.experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT_NAME
-
-    def _spool_file(self, run: RunInfo) -> str:
-        if self.spool_dir is not None:
-            return os.path.join(self.spool_dir, f"{run.name}.{SPOOL_FILE}")
-        if not is_url(run.path) or run.path.startswith("file://"):
-            local = run.path[len("file://") :] if run.path.startswith("file://") else run.path
-            return os.path.join(local, SPOOL_FILE)
-        return os.path.join(expand_path(DEFAULT_SPOOL_DIR), f"{run.name}.{SPOOL_FILE}")
-
-    def _log_missing_metrics(self, reports: tuple[ReportRecord, ...]) -> None:
-        """Log the committed reports' metrics that the MLflow run lacks (sent or spooled like new ones).
-
-        A driver killed between committing a report and sending it (SIGKILL, a lost machine)
-        leaves the report in run storage and not in MLflow; the resumed run fills the gap. One
-        metric-history read per metric name; when the server cannot answer, nothing is filled.
-        """
-        steps: dict[str, set[int]] = {}
-        try:
-            with bounded_http():
-                for key in sorted({k for r in reports for k, v in r.metrics.items() if is_number(v)}):
-                    steps[key] = {m.step for m in self._client.get_metric_history(self.run_id, key)}
-        except Exception as exc:  # noqa: BLE001 - an outage: the spool covers what this fit() reports
-            logger.warning(
-                "Could not compare MLflow run %s with the run's %d committed report(s) (%s); reports "
-                "a crash kept from MLflow stay missing there.",
-                self.run_id,
-                len(reports),
-                short_error(exc),
-            )
-            return
-        filled = 0
-        for report in reports:
-            missing = {k: v for k, v in report.metrics.items() if is_number(v) and report.step not in steps[k]}
-            if missing:
-                filled += 1
-                self._emit(
-                    {
-                        "kind": "metrics",
-                        "step": report.step,
-                        "metrics": missing,
-                        "timestamp": int(report.reported_at * 1000),
-                    }
-                )
-        if filled:
-            logger.warning(
-                "MLflow run %s lacked the metrics of %d committed report(s) (the driver stopped before "
-                "sending them); logged them now from run storage.",
-                self.run_id,
-                filled,
-            )
 
     def _emit_checkpoint(self, checkpoint: Checkpoint) -> None:
         name = posixpath.basename(checkpoint.path.rstrip("/"))

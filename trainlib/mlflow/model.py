@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from trainlib._internal.storage.run_record import RUN_STATE_FILE, RunRecord
 from trainlib._internal.util.filesystem import is_local_filesystem
 from trainlib.checkpoint import Checkpoint
-from trainlib.mlflow.store import STATE_KEY, default_tracking_uri, using_tracking_uri
+from trainlib.mlflow._store import STATE_KEY, default_tracking_uri, using_tracking_uri
 
 
 def log_model(
@@ -132,10 +132,10 @@ def _recorded_run(checkpoint: Checkpoint) -> dict[str, Any]:
     """What MLflowLogger recorded in the checkpoint's trainlib run folder (``{}`` when nothing)."""
     run_dir = posixpath.dirname(checkpoint.path.rstrip("/"))
     state_file = posixpath.join(run_dir, RUN_STATE_FILE)
-    if not is_local_filesystem(checkpoint.filesystem):
-        state_file = checkpoint.filesystem._strip_protocol(state_file)
+    if not is_local_filesystem(checkpoint._fs):
+        state_file = checkpoint._fs._strip_protocol(state_file)
     try:
-        record = RunRecord.from_json(json.loads(checkpoint.filesystem.cat_file(state_file)))
+        record = RunRecord.from_json(json.loads(checkpoint._fs.cat_file(state_file)))
     except (FileNotFoundError, ValueError, TypeError, AttributeError, OSError):
         return {}
     return record.callbacks.get(STATE_KEY) or {}
@@ -145,16 +145,16 @@ def _load_state_dict(checkpoint: Checkpoint, state_dict_file: str, state_dict_ke
     import torch
 
     path = posixpath.join(checkpoint.path.rstrip("/"), state_dict_file)
-    if not checkpoint.filesystem.exists(path):
+    if not checkpoint._fs.exists(path):
         try:
-            present = sorted(posixpath.basename(p) for p in checkpoint.filesystem.ls(checkpoint.path, detail=False))
+            present = sorted(posixpath.basename(p) for p in checkpoint._fs.ls(checkpoint.path, detail=False))
         except OSError:
             present = []
         raise FileNotFoundError(
             f"log_model: checkpoint {checkpoint.uri} has no {state_dict_file!r} (it holds {present}). "
             "Pass state_dict_file= the file your training function saved with torch.save(model.state_dict(), ...)."
         )
-    with checkpoint.filesystem.open(path, "rb") as f:
+    with checkpoint._fs.open(path, "rb") as f:
         obj = torch.load(f, map_location="cpu", weights_only=True)
     if state_dict_key is not None:
         if not isinstance(obj, dict) or state_dict_key not in obj:

@@ -8,8 +8,8 @@ from typing import Any
 
 from trainlib._internal.execution.spec import WorkerInfo
 from trainlib._internal.execution.worker import WorkerBackend
-from trainlib._internal.execution.worker_preload import TORCH_MODULES
-from trainlib._internal.util.allocator import keep_step_allocations
+from trainlib._internal.startup.allocator import keep_step_allocations
+from trainlib._internal.startup.worker_preload import TORCH_MODULES
 from trainlib.torch._process_group import init_process_group, open_store
 from trainlib.torch.config import TorchConfig
 
@@ -40,6 +40,10 @@ class TorchBackend(WorkerBackend):
 
     def on_start(self, info: WorkerInfo) -> Any:
         """Pick this worker's device and join the process group; return the device (kept on the session)."""
+        from trainlib.torch import amp
+
+        # AMP settings are per process: a second fit() in local mode (or a reused process) starts clean.
+        amp.reset()
         store, self._store = self._store, None  # the group keeps it; a restart opens a new one
         device = select_device(self.use_gpu, info.gpu_index)
         if info.world_size > 1:

@@ -11,8 +11,8 @@ errors are not retried.
 
 Rank 0's store is opened before any rank starts (:func:`open_store`, called through the driver), as
 torchrun's agent hosts its store before it starts the ranks: a rank that connects before the store
-listens backs off, and torch's client retries at growing intervals (measured: 0.2 s early cost 0.22 s,
-0.5 s early 0.93 s), while which rank finishes importing the user's modules first is chance.
+listens backs off, and torch's client retries at growing intervals (docs/benchmarks.md, "Start-up and memory
+(kept)"), while which rank finishes importing the user's modules first is chance.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def prepare_model(
             or for ``fully_shard`` (``FullyShardedDataParallel`` when they are FSDP1's).
             For DDP trainlib sets ``gradient_as_bucket_view=True`` unless given here: the
             gradients live in DDP's allreduce buckets instead of beside them, one copy less per
-            step and one gradient-sized buffer less per worker (bench/results/ddp.md). Pass
+            step and one gradient-sized buffer less per worker (docs/benchmarks.md, "Steady state (kept)"). Pass
             False if your code calls ``detach_()`` on gradients.
 
     Returns:

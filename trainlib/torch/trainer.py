@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainlib._internal.execution.trainer import DataParallelTrainer
 from trainlib.checkpoint import Checkpoint
 from trainlib.config import RunConfig
 from trainlib.data import DataConfig
+from trainlib.data_parallel_trainer import DataParallelTrainer
 from trainlib.scaling import ScalingConfig
 from trainlib.torch._backend import TorchBackend
 from trainlib.torch.config import TorchConfig

@@ -39,3 +39,32 @@ def write_metadata(
     file_path = posixpath.join(path, METADATA_FILE)
     existing = json.loads(storage.fs.cat_file(file_path)) if had_file else {}
     storage.write_bytes_atomic(file_path, json.dumps({**trainer_metadata, **existing}).encode())
+
+
+def check_arrived(step: int, uri: str, manifests: dict[int, dict[str, int]], stored: dict[str, int]) -> None:
+    """Before the marker: every file a rank reported is in storage (``stored``) with its size.
+
+    A file that several ranks wrote may hold any one's size (the last upload won): its name is checked.
+
+    Raises:
+        WorkerError: naming the checkpoint and the first rank whose files did not all arrive.
+    """
+    writers: dict[str, int] = {}
+    for manifest in manifests.values():
+        for rel in manifest:
+            writers[rel] = writers.get(rel, 0) + 1
+    for rank in sorted(manifests):
+        lost = sorted(
+            rel
+            for rel, size in manifests[rank].items()
+            if rel not in stored or (writers[rel] == 1 and stored[rel] != size)
+        )
+        if lost:
+            raise WorkerError(
+                rank=rank,
+                cause=(
+                    f"the checkpoint of report {step} ({uri}) is not committed: {len(lost)} of the files rank {rank} "
+                    f"uploaded are missing there or have another size ({lost[:5]}). Something deleted or rewrote "
+                    "them before the commit: nothing else may write into a run's checkpoint folders."
+                ),
+            )

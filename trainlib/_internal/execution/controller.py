@@ -26,10 +26,10 @@ from typing import Any, Protocol
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.callback_runner import CallbackRunner
-from trainlib._internal.execution.commit import commit_folder, write_metadata
+from trainlib._internal.execution.commit import check_arrived, commit_folder, write_metadata
 from trainlib._internal.execution.failures import FailurePolicy, ranks_text, root_cause, straggler_error, worker_error
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage, WorkerMessage
-from trainlib._internal.execution.monitor import PreemptionWatcher, ScalingPolicy
+from trainlib._internal.execution.monitor import PreemptionWatcher, ScalingPolicy, steps_without
 from trainlib._internal.execution.placement import RankPlan
 from trainlib._internal.execution.spec import AttemptSpec, Placement
 from trainlib._internal.storage.commits import CommittedCheckpoint, merge_manifests
@@ -89,6 +89,8 @@ class Controller:
         self.policy = FailurePolicy(failure_config.max_failures)
         self.straggler_timeout_s = failure_config.straggler_timeout_s
         self.preemption_policy = FailurePolicy(failure_config.max_preemption_failures)
+        self.relax_on_preemption = failure_config.relax_collectives_on_preemption
+        self.preemption_grace_s = failure_config.preemption_grace_s
         self.scaling_policy = scaling_policy  # elastic sizing and growth; None: a fixed group, no monitoring
         self.watcher = PreemptionWatcher() if scaling_policy is not None else None
         self.metadata = metadata
@@ -99,6 +101,7 @@ class Controller:
         self.callback_runner = CallbackRunner(callbacks)  # hooks run off the commit path
         self.lease = lease  # checked before each commit
         self._warned_shared: set[str] = set()
+        self._warned_uncommittable = False
         self.run_info = run_info
         self.external_checkpoint = start_checkpoint
         self.metrics_rows = list(metrics_rows or [])
@@ -216,6 +219,10 @@ class Controller:
                 timeout = poll if timeout is None else min(timeout, poll)
             for message in group.wait(timeout):
                 if isinstance(message, ReportMessage):
+                    if done and not done <= set(pending.get(message.step, {})):
+                        # A rank that finished makes no more reports: this one is never committed. Its folder goes
+                        # now, so that a straggler reporting on and on leaves no pile of uncommitted checkpoints.
+                        self._drop_uncommittable(message)
                     self._add_report(pending, committed_steps, world_size, message)
                 elif isinstance(message, DoneMessage):
                     done.add(message.rank)
@@ -224,12 +231,18 @@ class Controller:
                     first_done_at = first_done_at or time.monotonic()
                 else:
                     failures = [worker_error(message, plan)]
+                    preempted = self.watcher.ranks_on_drained(self._node_ids) if self.watcher else set()
                     # Reports that every rank made before the failure are not lost.
-                    for late in group.flush(tunables.FLUSH_AFTER_FAILURE_S):
+                    flush_s = tunables.FLUSH_AFTER_FAILURE_S + (self.preemption_grace_s if preempted else 0.0)
+                    for late in group.flush(flush_s):
                         if isinstance(late, ReportMessage):
                             self._add_report(pending, committed_steps, world_size, late)
                         elif isinstance(late, FailedMessage):
                             failures.append(worker_error(late, plan))
+                    if preempted and self.relax_on_preemption:  # the steps every surviving rank reported
+                        for step in steps_without(preempted, pending, world_size):
+                            self._commit(step, pending.pop(step))
+                            committed_steps.add(step)
                     self.last_failures = failures
                     return root_cause(failures)
             if self.scaling_policy is not None and not done:  # both rate-limit themselves
@@ -286,8 +299,10 @@ class Controller:
             dir_name = commit_folder(step, placements)
             path = self.storage.checkpoint_path(step, dir_name)
             merged = self._merge_manifests(step, path, manifests)
+            stored = self.storage.list_files(path)
             if any(p.in_place for p in placements):  # written by the user: complete now that every rank reported
-                merged.update(self.storage.list_files(path))
+                merged.update(stored)
+            check_arrived(step, self.storage.uri(path), manifests, stored)
             write_metadata(self.storage, path, self.metadata, merged)
             committed = self.storage.commit_checkpoint(step, metrics, merged, dir_name)
             # An earlier checkpoint in the same folder (a reused checkpoint_dir_name) lost its marker to this one:
@@ -320,6 +335,21 @@ class Controller:
                 step=step, metrics=metrics, checkpoint=checkpoint, attempt=self.attempt, reported_at=row["time"]
             ),
         )
+
+    def _drop_uncommittable(self, message: ReportMessage) -> None:
+        if message.manifest is None or (message.placement is not None and message.placement.in_place):
+            return  # no checkpoint, or the user's own folder
+        path = self.storage.checkpoint_path(message.step, message.placement.dir_name if message.placement else None)
+        if not self._warned_uncommittable:
+            self._warned_uncommittable = True
+            logger.warning(
+                "Rank %d reported step %d after another rank finished: that report and later ones cannot be "
+                "committed, so their checkpoint folders are deleted as they arrive (%s).",
+                message.rank,
+                message.step,
+                self.storage.uri(path),
+            )
+        self.storage.delete_checkpoint(path)
 
     def _merge_manifests(self, step: int, path: str, manifests: dict[int, dict[str, int]]) -> dict[str, int]:
         merged, shared = merge_manifests(manifests)

@@ -32,7 +32,7 @@ from trainlib.errors import ControllerError, TrainlibError, WorkerGroupError
 from trainlib.result import Result
 
 if TYPE_CHECKING:
-    from trainlib._internal.execution.trainer import DataParallelTrainer
+    from trainlib.data_parallel_trainer import DataParallelTrainer
 
 logger = logging.getLogger("trainlib")
 

@@ -133,8 +133,34 @@ class PreemptionWatcher:
         group.notify_preemption(info)
         self._told = info
 
+    def ranks_on_drained(self, node_ids: list[str]) -> set[int]:
+        """The ranks (``node_ids``: each rank's node) on nodes seen draining; empty without a preemption."""
+        return {rank for rank, node in enumerate(node_ids) if node in self.drained}
+
     def caused(self, failure: WorkerError, node_ids: list[str]) -> bool:
         """Whether ``failure`` happened on a node that was being drained (a preemption, not a fault)."""
         if not self.drained or not 0 <= failure.rank < len(node_ids):
             return False
         return node_ids[failure.rank] in self.drained or bool(set(draining_nodes()) & set(node_ids))
+
+
+def steps_without(preempted: set[int], pending: dict[int, dict[int, Any]], world_size: int) -> list[int]:
+    """``FailureConfig.relax_collectives_on_preemption``: of the steps not yet reported by every rank (``pending``:
+    step -> rank -> report), those every rank outside ``preempted`` reported, oldest first; none when rank 0 is
+    preempted (its report carries the metrics; Ray Train never relaxes rank 0 either)."""
+    if 0 in preempted:
+        logger.info(
+            "Rank 0 is being preempted (preempted ranks: %s), so relax_collectives_on_preemption is ignored.",
+            sorted(preempted),
+        )
+        return []
+    survivors = set(range(world_size)) - preempted
+    steps = [step for step in sorted(pending) if survivors <= set(pending[step])]
+    for step in steps:
+        logger.warning(
+            "Committing step %d without the preempted rank(s) %s (FailureConfig.relax_collectives_on_preemption): "
+            "its checkpoint holds the surviving ranks' files only.",
+            step,
+            sorted(preempted),
+        )
+    return steps

@@ -195,7 +195,7 @@ def close_run(
         if error is None:
             raise
         logger.warning("Could not read the failed run back from storage: %s", exc)
-        result = Result(metrics=None, checkpoint=None, path=storage.uri(), error=error)
+        result = Result(metrics=None, checkpoint=None, path=storage.run_path, error=error, _uri=storage.uri())
     if error is None:
         result.return_value = controller.return_value
     # The hooks queued during the run first, bounded: a tracking server that hangs does not hold

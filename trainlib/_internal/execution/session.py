@@ -31,6 +31,7 @@ from trainlib._internal.execution.messages import (
     WorkerMessage,
 )
 from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
+from trainlib._internal.storage.checkpoint_files import checkpoint_files
 from trainlib._internal.storage.commits import checkpoint_dir_name
 from trainlib.checkpoint import Checkpoint
 from trainlib.reporting import CheckpointUploadMode
@@ -77,6 +78,8 @@ class WorkerSession:
         self.metadata = metadata
         self.dataset_shards = dataset_shards or {}
         self.preemption: Any = None  # a trainlib.PreemptionInfo once the driver sees a node of the run draining
+        self.collective_actor: Any = None  # the attempt's trainlib.collective actor, once a collective is called
+        self.collective_seq = 0  # the number of this rank's next collective call (the same on every rank)
         self.outbox = outbox
         self._uploads: queue.Queue = queue.Queue(maxsize=tunables.MAX_PENDING_UPLOADS_PER_WORKER)
         self._in_report = False  # the training thread is inside report()
@@ -133,6 +136,8 @@ class WorkerSession:
         dir_name = options.dir_name or checkpoint_dir_name(pending.step)
         if options.dir_name is not None:
             self._check_new_folder(dir_name)
+        # What the folder holds now, when report() is called: an ASYNC copy made later must find exactly this.
+        reported = _reported_files(checkpoint) if options.upload_fn is None else None
         pending.placement = CheckpointPlacement(dir_name, in_place=options.upload_fn is not None)
         delete = (
             options.delete_local
@@ -155,11 +160,11 @@ class WorkerSession:
                         checkpoint, self.storage.checkpoint_path(pending.step, dir_name)
                     )
                 except FileNotFoundError as exc:
+                    raise FileNotFoundError(f"{exc}: {_changed_folder(checkpoint, pending.step)}") from exc
+                if reported is not None and manifest != reported:
                     raise FileNotFoundError(
-                        f"{exc}: the checkpoint folder {checkpoint.path} changed before it was copied. With "
-                        "CheckpointUploadMode.ASYNC the folder must stay until the copy is done: make it with "
-                        "tempfile.mkdtemp() (trainlib deletes it after the upload), not a TemporaryDirectory block."
-                    ) from exc
+                        f"{_changed_files(reported, manifest)}: {_changed_folder(checkpoint, pending.step)}"
+                    )
             if delete and checkpoint.is_local:
                 shutil.rmtree(checkpoint.path, ignore_errors=True)
             return manifest
@@ -284,6 +289,42 @@ class WorkerSession:
                 self.outbox.put(FailedMessage.from_exception(self.info.world_rank, exc))
             finally:
                 self._uploads.task_done()
+
+
+def _reported_files(checkpoint: Checkpoint) -> dict[str, int] | None:
+    """The files {relpath: size} of a local checkpoint folder as report() finds it (None: a remote checkpoint).
+
+    Raises:
+        FileNotFoundError: the folder does not exist.
+    """
+    if not checkpoint.is_local:
+        return None
+    if not os.path.isdir(checkpoint.path):
+        raise FileNotFoundError(
+            f"trainlib.report(checkpoint=...): the checkpoint folder {checkpoint.path} does not exist (or is not a "
+            "folder). Save the checkpoint's files into it before calling report()."
+        )
+    return {item.rel: item.size for item in checkpoint_files(checkpoint.path)}
+
+
+def _changed_files(reported: dict[str, int], copied: dict[str, int]) -> str:
+    missing = sorted(set(reported) - set(copied))
+    resized = sorted(rel for rel in set(reported) & set(copied) if reported[rel] != copied[rel])
+    added = sorted(set(copied) - set(reported))
+    parts = [
+        f"{label} {names[:5]}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        for label, names in (("missing", missing), ("with another size", resized), ("added", added))
+        if names
+    ]
+    return f"of the {len(reported)} files reported, copied {len(copied)} ({'; '.join(parts)})"
+
+
+def _changed_folder(checkpoint: Checkpoint, step: int) -> str:
+    return (
+        f"the checkpoint folder {checkpoint.path} of report {step} changed before it was copied, so that checkpoint "
+        "is not committed. With CheckpointUploadMode.ASYNC the folder must stay as it is until the copy is done: "
+        "make it with tempfile.mkdtemp() (trainlib deletes it after the upload), not a TemporaryDirectory block."
+    )
 
 
 def _pickled_return_value(value: Any) -> bytes | None:

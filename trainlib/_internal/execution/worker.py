@@ -16,11 +16,11 @@ import threading
 from typing import Any
 
 from trainlib._internal.execution import user_code
-from trainlib._internal.execution.bulk_imports import collector_paused
 from trainlib._internal.execution.messages import WorkerMessage, drained
 from trainlib._internal.execution.session import WorkerSession, set_session
 from trainlib._internal.execution.spec import Placement, WorkerInfo, WorkerStart
 from trainlib._internal.execution.train_fn import TrainFunction, extend_sys_path
+from trainlib._internal.startup.bulk_imports import collector_paused
 
 _WAKE = object()  # put by flush(): ends a next_messages() blocked on an empty outbox; never sent
 
@@ -151,7 +151,7 @@ def _train_at_node_priority() -> None:
 
     Ray starts its worker processes niced, so a training rank loses the CPU to every other
     process on the machine (Ray's own daemons included) and, on a busy node, trains far slower
-    than a torchrun rank (bench/results/overhead.md). Called in the training thread: the threads
+    than a torchrun rank. Called in the training thread: the threads
     it starts (OpenMP, gloo, data loading) inherit its priority. Lowering niceness needs root or
     CAP_SYS_NICE; without them the worker stays as Ray set it.
     """

@@ -327,6 +327,21 @@ def death_cause(ray_text: str, pid: Any, node_ip: Any) -> str:
     """
     import re
 
+    # Before its placement is known (a death while the group starts), Ray's own text holds the pid and node.
+    if pid is None:
+        found = re.search(r"\bpid[=:]\s*(\d+)", ray_text)
+        pid = int(found.group(1)) if found else "unknown"
+    if node_ip is None:
+        found = re.search(r"\bip[=:]\s*([0-9A-Fa-f.:]+[0-9A-Fa-f])", ray_text)
+        node_ip = found.group(1) if found else "unknown"
+    missing = re.search(r"No module named '(trainlib|tasks|flows)[\w.]*'", ray_text)
+    if missing:
+        return (
+            f"the worker process (pid {pid}) on node {node_ip} cannot import {missing.group(1)!r}: that node's "
+            f"Python has Ray but not this project. Install it there (pip install -e <this repository> in the "
+            "Python that runs the node's `ray start`), or start the node from an image or virtual environment "
+            "that has it"
+        )
     exit_type = re.search(r"Worker exit type: (\w+)", ray_text)
     detail = re.search(r"Worker exit detail: (.*?\.)(?:\s|$)", ray_text)
     if exit_type or detail:

@@ -45,7 +45,7 @@ from trainlib._internal.util.filesystem import (
     resolve_filesystem,
     to_uri,
 )
-from trainlib.retry import with_retries
+from trainlib._internal.util.retry import with_retries
 
 logger = logging.getLogger("trainlib")
 

@@ -9,7 +9,21 @@ from collections.abc import Iterable
 from typing import Any
 
 from trainlib._internal.util.atomic import atomic_write
-from trainlib._internal.util.paths import expand_path
+from trainlib._internal.util.paths import expand_path, is_url
+
+SPOOL_FILE = "mlflow_spool.jsonl"
+DEFAULT_SPOOL_DIR = "~/.trainlib/mlflow_spool"  # for runs whose storage is not local
+
+
+def spool_file(run_name: str, run_path: str, spool_dir: str | None = None) -> str:
+    """Where a run's unsent tracking calls are spooled: in ``spool_dir`` if given, else in the run folder when it is
+    local, else in :data:`DEFAULT_SPOOL_DIR`."""
+    if spool_dir is not None:
+        return os.path.join(spool_dir, f"{run_name}.{SPOOL_FILE}")
+    if not is_url(run_path) or run_path.startswith("file://"):
+        local = run_path[len("file://") :] if run_path.startswith("file://") else run_path
+        return os.path.join(local, SPOOL_FILE)
+    return os.path.join(expand_path(DEFAULT_SPOOL_DIR), f"{run_name}.{SPOOL_FILE}")
 
 
 class Spool:

@@ -18,8 +18,13 @@ def is_local_filesystem(fs: fsspec.AbstractFileSystem) -> bool:
     return protocol in ("file", "local")
 
 
+# Query parameters of a storage URL that hold secrets: used to open the filesystem, never put back into a URL.
+_SECRET_QUERY_KEYS = frozenset({"access_key", "secret_key", "session_token"})
+
+
 def as_fsspec(filesystem: Any) -> fsspec.AbstractFileSystem:
-    """``filesystem`` as an fsspec filesystem: fsspec ones as they are, ``pyarrow.fs`` ones wrapped."""
+    """``filesystem`` as an fsspec filesystem: fsspec ones as they are, ``pyarrow.fs`` ones wrapped (a
+    ``PyFileSystem(FSSpecHandler(fs))`` unwrapped to its ``fs``)."""
     if isinstance(filesystem, fsspec.AbstractFileSystem):
         return filesystem
     try:
@@ -29,6 +34,8 @@ def as_fsspec(filesystem: Any) -> fsspec.AbstractFileSystem:
     if pafs is not None and isinstance(filesystem, pafs.FileSystem):
         if isinstance(filesystem, pafs.LocalFileSystem):
             return fsspec.filesystem("file")  # the same disk: keep trainlib's local fast paths
+        if isinstance(filesystem, pafs.PyFileSystem) and isinstance(filesystem.handler, pafs.FSSpecHandler):
+            return filesystem.handler.fs  # fsspec under pyarrow: use it directly (its URLs, its retries)
         from fsspec.implementations.arrow import ArrowFSWrapper
 
         return ArrowFSWrapper(filesystem)
@@ -36,6 +43,79 @@ def as_fsspec(filesystem: Any) -> fsspec.AbstractFileSystem:
         f"RunConfig.storage_filesystem must be an fsspec filesystem or a pyarrow.fs.FileSystem, got "
         f"{type(filesystem).__name__}: e.g. s3fs.S3FileSystem(...) or pyarrow.fs.S3FileSystem(...)."
     )
+
+
+def as_pyarrow(fs: fsspec.AbstractFileSystem) -> Any:
+    """The ``pyarrow.fs.FileSystem`` that Ray Train's ``Result.filesystem`` and ``Checkpoint.filesystem`` give for
+    trainlib's fsspec ``fs``: a wrapped pyarrow filesystem unwrapped, the local disk as ``LocalFileSystem``, any other
+    fsspec filesystem as ``PyFileSystem(FSSpecHandler(fs))``."""
+    import pyarrow.fs as pafs
+    from fsspec.implementations.arrow import ArrowFSWrapper
+
+    if isinstance(fs, ArrowFSWrapper):
+        return fs.fs
+    if is_local_filesystem(fs):
+        return pafs.LocalFileSystem()
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+def _from_query_url(path: str, storage_options: dict | None, field: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """A storage URL with query parameters (``s3://bucket/path?endpoint_override=...``), opened as Ray Train opens
+    it: by ``pyarrow.fs.FileSystem.from_uri``, which reads the parameters. The URL's non-secret parameters stay on the
+    filesystem, so that the URLs trainlib gives back (``Result.uri``, ``Checkpoint.uri``) reach the same store."""
+    import urllib.parse
+
+    import pyarrow
+    import pyarrow.fs as pafs
+
+    if storage_options:
+        raise StorageError(
+            f"{field}={_without_secrets(path)!r} has query parameters and RunConfig.storage_options is set too: "
+            "give the store's options one way, in the URL (as in Ray Train) or in storage_options."
+        )
+    try:
+        filesystem, inner = pafs.FileSystem.from_uri(path)
+    except (pyarrow.ArrowInvalid, ValueError, OSError) as exc:
+        raise StorageError(
+            f"{field}={_without_secrets(path)!r} cannot be opened: {exc}. The query parameters are pyarrow's "
+            "(for S3: region, scheme, endpoint_override, ...), e.g. 's3://bucket/runs?endpoint_override="
+            "http://127.0.0.1:9000'."
+        ) from None
+    parts = urllib.parse.urlsplit(path)
+    return _QueryArrowFS(filesystem, scheme=parts.scheme, query=_public_query(parts.query)), inner
+
+
+def _public_query(query: str) -> str:
+    import urllib.parse
+
+    pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    return urllib.parse.urlencode([(k, v) for k, v in pairs if k not in _SECRET_QUERY_KEYS], safe=":/")
+
+
+def _without_secrets(url: str) -> str:
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(query=_public_query(parts.query)))
+
+
+def _arrow_wrapper() -> type:
+    from fsspec.implementations.arrow import ArrowFSWrapper
+
+    return ArrowFSWrapper
+
+
+class _QueryArrowFS(_arrow_wrapper()):  # type: ignore[misc]
+    """A pyarrow filesystem opened from a URL with query parameters, which its URLs carry again."""
+
+    def __init__(self, fs: Any, scheme: str = "", query: str = "", **kwargs: Any):
+        super().__init__(fs, **kwargs)
+        self.url_scheme = scheme
+        self.url_query = query
+
+    def unstrip_protocol(self, name: str) -> str:
+        url = f"{self.url_scheme}://{name.lstrip('/')}"
+        return f"{url}?{self.url_query}" if self.url_query else url
 
 
 def resolve_filesystem(
@@ -57,6 +137,8 @@ def resolve_filesystem(
         elif "://" not in path and is_local_filesystem(fs):
             path = expand_path(path)
         return fs, fs._strip_protocol(path)
+    if "://" in path and "?" in path:
+        return _from_query_url(path, storage_options, field)
     path = expand_path(path)
     try:
         fs, inner = fsspec.core.url_to_fs(path, **(storage_options or {}))

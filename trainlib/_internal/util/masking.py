@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import re
 import urllib.parse
 
@@ -18,7 +20,9 @@ _SECRET_VALUE_PATTERNS = (
     re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),  # API keys in the sk-... style
     re.compile(r"\bBearer\s+[A-Za-z0-9._~+/=-]{16,}", re.IGNORECASE),
 )
-_URL_WITH_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*):([^/\s@]+)@")
+# A URL with user-info: the password may hold any character but whitespace, '/', '?', '#' and '@' included,
+# so the user-info runs to the last '@' of the URL.
+_URL_WITH_USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)(\S+)@(\S*)")
 
 
 def is_secret_key(key: str) -> bool:
@@ -28,20 +32,68 @@ def is_secret_key(key: str) -> bool:
 
 
 def redact_text(text: str) -> str:
-    """``text`` with URL passwords and well-known secret formats replaced by ``[REDACTED]``."""
-    text = _URL_WITH_PASSWORD.sub(lambda m: f"{m.group(1)}:{REDACTED}@", text)
+    """``text`` with URL credentials and well-known secret formats replaced by ``[REDACTED]``."""
+    text = _URL_WITH_USERINFO.sub(lambda m: redact_url(m.group(0)), text)
     for pattern in _SECRET_VALUE_PATTERNS:
         text = pattern.sub(REDACTED, text)
     return text
 
 
+@dataclasses.dataclass(frozen=True)
+class UrlCredentials:
+    """A URL split into the URL without its user-info and the user name and password it held (None: none)."""
+
+    url: str
+    username: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def basic_auth(self) -> str | None:
+        """The ``Authorization`` header value for HTTP basic auth, None without credentials."""
+        if self.username is None:
+            return None
+        token = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode("ascii")
+        return f"Basic {token}"
+
+
+def split_credentials(url: str) -> UrlCredentials:
+    """``url`` without its ``user:password@`` (the password may hold any character: the user-info runs to the URL's
+    last ``@``), and the user name and password, percent-decoded as a URL's user-info is."""
+    scheme, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    if not sep or at == -1:
+        return UrlCredentials(url)
+    userinfo, host = rest[:at], rest[at + 1 :]
+    if ":" not in userinfo and any(c in userinfo for c in "/?#"):
+        return UrlCredentials(url)  # an '@' in the path (s3://bucket/file@v2), no user-info
+    user, colon, password = userinfo.partition(":")
+    return UrlCredentials(
+        f"{scheme}://{host}", urllib.parse.unquote(user), urllib.parse.unquote(password) if colon else None
+    )
+
+
 def redact_url(url: str) -> str:
-    """``url`` without the password of its user-info part (``http://u:p@host`` -> ``http://u:[REDACTED]@host``)."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return redact_text(url)
-    if parts.password is None:
+    """``url`` safe to print: its password (or a lone user name, which may be a token) and its query values masked.
+
+    ``http://bob:pa#ss/w?d@host/x?token=t`` -> ``http://bob:[REDACTED]@host/x?token=[REDACTED]``. The password may
+    hold any character: the user-info runs to the URL's last ``@``. A path holding an ``@`` (``s3://b/f@v2``) is
+    left alone; anything that is not a URL is returned as it is. The one masking helper of trainlib, the pipeline
+    and its flows (``trainlib.masking``).
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or not scheme or not scheme.replace("+", "").replace(".", "").replace("-", "").isalnum():
         return url
-    netloc = f"{parts.username}:{REDACTED}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    at = rest.rfind("@")
+    if at != -1:
+        userinfo, host = rest[:at], rest[at + 1 :]
+        if ":" in userinfo:
+            rest = f"{userinfo.split(':', 1)[0]}:{REDACTED}@{host}"
+        elif not any(c in userinfo for c in "/?#"):  # a lone user name: maybe a token (https://TOKEN@host)
+            rest = f"{REDACTED}@{host}"
+    path, qmark, query = rest.partition("?")
+    if qmark:
+        query, hash_mark, _fragment = query.partition("#")
+        pairs = [p.partition("=") for p in query.split("&") if p]
+        query = "&".join(f"{k}={REDACTED}" if eq else k for k, eq, _ in pairs)
+        rest = f"{path}?{query}" + ("#" if hash_mark else "")
+    return f"{scheme}://{rest}"

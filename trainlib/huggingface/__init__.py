@@ -1,0 +1,1 @@
+"""Hugging Face integrations: ``trainlib.huggingface.transformers`` (Ray Train's ``ray.train.huggingface``)."""
