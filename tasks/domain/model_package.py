@@ -194,6 +194,17 @@ def describe(spec: ImageSpec) -> str:
     return f"{'gray' if spec.channels == 1 else 'RGB'} {spec.height}x{spec.width}"
 
 
+def recorded_image(metadata: Mapping[str, Any]) -> str | None:
+    """What a registered version's metadata says it takes, as :func:`describe` writes it (``"gray 28x28"``).
+
+    A version written before image specs records only its ``input`` text: it took gray 28x28 images. None: the
+    metadata records neither.
+    """
+    if isinstance(metadata.get("image"), Mapping):
+        return describe(ImageSpec.from_record(dict(metadata["image"])))
+    return describe(ImageSpec(class_names=("0", "1"), **IDX_SHAPE)) if metadata.get("input") else None
+
+
 def input_text(spec: ImageSpec) -> str:
     """What the model takes (``image_input.accepted_input``), imported when a version is written: it imports
     pandas and PIL, which the pipeline's task process does not need before then."""

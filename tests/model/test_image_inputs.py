@@ -289,3 +289,17 @@ def test_scoring_a_folder_names_each_file_and_the_file_the_model_cannot_decode(t
     with pytest.raises(ImageSourceError) as info:
         score_chunk(model, read_images(str(tmp_path / "photos")))
     assert f"{tmp_path / 'photos'}: red/a.png: its" in str(info.value) and "Row" not in str(info.value)
+
+
+def test_a_champion_of_other_images_is_not_compared():
+    from tasks.domain.champion import ChampionMismatchError, check_same_data
+    from tasks.domain.image_spec import ImageSpec
+    from tasks.domain.model_package import recorded_image
+
+    rgb = ImageSpec(class_names=("a", "b", "c"), **SPEC_RGB)
+    assert recorded_image({"image": rgb.record(), "input": "..."}) == "RGB 32x32"
+    assert recorded_image({"input": "uint8 images shaped [N, 28, 28]"}) == "gray 28x28"  # before image specs
+    assert recorded_image({}) is None
+    check_same_data("m", "1", "d", None, None, None, "gray 28x28", recorded_image({"input": "old"}))
+    with pytest.raises(ChampionMismatchError, match="it takes 'RGB 32x32', this run's model 'gray 28x28'"):
+        check_same_data("m", "1", "d", None, None, None, "gray 28x28", recorded_image({"image": rgb.record()}))
