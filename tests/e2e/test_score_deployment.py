@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import REPO_ROOT
-from model.model_helpers import needs_data, real_images, register_network, tiny_trained_network
+from model.model_helpers import encoded, needs_data, real_images, register_network, tiny_trained_network
 from prefect_helpers import PrefectServer
 from tracking.mlflow_helpers import MlflowServer
 
@@ -89,7 +89,6 @@ def _cli(services, *args: str, timeout: float = 120) -> str:
 def inputs(tmp_path_factory):
     """The first N_IMAGES real test images as an idx .gz file, a .npy array and an image folder: class folders
     named by the true label, gray 28x28 PNGs and every tenth image an RGB 56x56 JPEG."""
-    from model_helpers import encoded
 
     folder = tmp_path_factory.mktemp("inputs")
     images, labels = real_images(False, N_IMAGES)
