@@ -9,6 +9,7 @@ errors). The .npy reader is covered by test_model_units.py, the sources' details
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -115,11 +116,16 @@ def inputs(tmp_path_factory):
     }
 
 
-def _pyfunc_labels(pixels) -> list[int]:
-    """The champion's labels of pixel arrays, or of encoded files (a list of bytes)."""
+@functools.cache
+def _champion():
     import mlflow
 
-    model = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}@champion")
+    return mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}@champion")
+
+
+def _pyfunc_labels(pixels) -> list[int]:
+    """The champion's labels of pixel arrays, or of encoded files (a list of bytes)."""
+    model = _champion()
     return model.predict(pd.DataFrame({"image": pixels}) if isinstance(pixels, list) else pixels)["label"].tolist()
 
 
