@@ -1,10 +1,12 @@
 """The batch-scoring flow: score a set of images with a registered model alias. Runs in the flow-run process.
 
-Deployment ``score-images`` in ``prefect.yaml``. Reads an idx file (``.gz`` or not), a
-``.npy`` array or a folder of PNGs (local or ``s3://``), resolves the alias (default
+Deployment ``score-images`` in ``prefect.yaml``. Reads a folder of images (any size and format,
+nested class folders allowed), a manifest (``.csv``/``.parquet`` with a ``path`` column), one
+image, an idx file (``.gz`` or not) or a ``.npy`` array (local or ``s3://``), resolves the alias (default
 ``champion``) to one version, scores the images in parallel chunks on prefect-ray's
 ``RayTaskRunner`` (each worker loads the model once), and writes one predictions file
-(``.parquet`` or ``.csv``: image id, label, class, probability, model name and version)
+(``.parquet`` or ``.csv``: image id (the file's path relative to the source), the source's label,
+label, class, probability, model name and version)
 atomically: a failed run leaves no file that looks complete. A table artifact holds the
 class histogram and the model version.
 
@@ -48,7 +50,8 @@ class ScoreParams(BaseModel):
     input_url: str = Field(
         ...,
         min_length=1,
-        description="Images: an idx file (.gz or not), a .npy array or a folder of 28x28 PNGs; a path or an s3:// URL.",
+        description="Images: a folder of images (nested class folders allowed), a manifest (.csv/.parquet with a "
+        "'path' column), one image, an idx file or a .npy array; a path or an s3:// URL.",
     )
     output_url: str = Field(
         ..., min_length=1, description="Where to write the predictions: a .parquet or .csv path or s3:// URL."

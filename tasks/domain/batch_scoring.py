@@ -10,7 +10,7 @@ request (object stores), so a failed run never leaves a file that looks complete
 Example::
 
     model = resolve_alias("fashion-mnist-resnet18", "champion", tracking_uri)
-    frame = score_chunk(model, read_images("t10k-images-idx3-ubyte.gz"))
+    frame = score_chunk(model, read_images("s3://bucket/photos")).frame   # or an idx file, a manifest, ...
     write_predictions(frame, "predictions.parquet")
 """
 
@@ -28,10 +28,12 @@ import fsspec
 import pandas as pd
 
 from tasks.domain.champion import alias_version, registry_call
-from tasks.domain.image_source import ImageSet
+from tasks.domain.image_source import ImageSet, ImageSourceError
 from tasks.domain.urls import mask_url
 
-PREDICTION_COLUMNS = ("image_id", "label", "class", "probability", "model_name", "model_version")
+# image_id: the file's path relative to the source (folder) or as the manifest writes it, or the index in an
+# idx/.npy file; source_label: the label the source gives the image (its folder's name, the manifest's label).
+PREDICTION_COLUMNS = ("image_id", "source_label", "label", "class", "probability", "model_name", "model_version")
 OUTPUT_FORMATS = {".parquet": "parquet", ".csv": "csv"}
 
 
@@ -180,12 +182,25 @@ class ChunkPredictions:
 
 
 def score_chunk(model: ResolvedModel, images: ImageSet) -> ChunkPredictions:
-    """Predictions for ``images`` with the pinned version of ``model``."""
+    """Predictions for ``images`` with the pinned version of ``model``.
+
+    Raises:
+        ImageSourceError: the model refused one image (e.g. a file whose header read but whose pixels do
+            not decode); the message names the file.
+    """
     pyfunc, loaded_now = load_model(model)
-    out = pyfunc.predict(images.pixels)
+    try:
+        out = pyfunc.predict(images.model_input())
+    except ValueError as exc:  # the model's ImageInputError (a ValueError) names the row; name the file instead
+        row = getattr(exc, "row", None)
+        if row is None or not 0 <= row < len(images):
+            raise
+        reason = str(exc).removeprefix(f"Row {row}: ")  # the row within this chunk would mislead
+        raise ImageSourceError(f"{images.source}: {images.ids[row]}: {reason}") from None
     frame = pd.DataFrame(
         {
             "image_id": list(images.ids),
+            "source_label": list(images.labels) if images.labels is not None else [None] * len(images),
             "label": out["label"].astype("int64"),
             "class": out["class"].astype(str),
             "probability": out["probability"].astype("float64"),
@@ -345,7 +360,7 @@ def read_predictions(url: str, storage_options: Mapping[str, Any] | None = None)
         data = f.read()
     if output_format(url) == "parquet":
         return pd.read_parquet(io.BytesIO(data))
-    return pd.read_csv(io.BytesIO(data), dtype={"image_id": str, "model_version": str})
+    return pd.read_csv(io.BytesIO(data), dtype={"image_id": str, "source_label": str, "model_version": str})
 
 
 __all__ = [

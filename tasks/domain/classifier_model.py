@@ -1,27 +1,33 @@
-"""The registered image classifier: raw 28x28 images in, label, class name and probabilities out.
+"""The registered image classifier: images as clients have them in, label, class name and probabilities out.
 
 Runs wherever a registered version is loaded: a user's process
 (``mlflow.pyfunc.load_model("models:/<name>@champion")``), ``mlflow models
 serve``, the batch-scoring workers, and the pipeline's evaluate step. MLflow
 copies this file into every registered version (models-from-code), so it is
-self-contained on purpose: it imports only numpy, pandas, torch, mlflow and its
-network (``classifier_network.py``, torch only, shipped beside it in the version's
-``code/`` folder; not even torchvision), never ``tasks``, ``flows`` or ``trainlib``.
-What the model needs besides its weights (normalisation, class names, the data
-set's identity) comes from the version's ``model_config``, written by
-``tasks.domain.model_package``.
+self-contained on purpose: it imports only numpy, pandas, torch, mlflow and the
+files shipped beside it in the version's ``code/`` folder (``code_paths``):
+its network (``classifier_network.py``, torch only; not even torchvision), the
+image shape (``image_spec.py``), the input forms (``image_input.py``) and the
+preprocessing shared with training (``image_preprocessing.py``, PIL for
+decoding); never ``tasks``, ``flows`` or ``trainlib``. What the model needs
+besides its weights (the image spec: channels, size and class names;
+normalisation; architecture) comes from the version's ``model_config``, written
+by ``tasks.domain.model_package``; a version without channels and size in it is
+a gray 28x28 one.
 
-Input (any batch size): uint8 images, or float images in 0..255, shaped
-``[N, 28, 28]``, ``[N, 784]`` or ``[N, 1, 28, 28]`` (a numpy array, a torch
-tensor, nested lists, or a DataFrame with 784 pixel columns). Output: a
+Input (any batch size, any image size; see ``image_input``): PNG or JPEG bytes
+or base64 strings of them in a column ``image``, or pixel arrays 0..255 shaped
+``[N, H, W]``, ``[N, H, W, C]`` or ``[N, C, H, W]``; every image is converted to
+the model's channels and resized to its size, as training does. Output: a
 DataFrame with one row per image: ``label`` (int), ``class``, ``probability``
-(of that label) and ``probabilities`` (all ten, in label order).
+(of that label) and ``probabilities`` (all classes, in label order).
 
 Example::
 
     model = mlflow.pyfunc.load_model("models:/fashion-mnist-resnet18@champion")
-    model.predict(images_uint8)                  # DataFrame: label, class, probability, probabilities
-    net = model.unwrap_python_model().network    # the torch.nn.Module itself
+    model.predict(images_uint8)                            # DataFrame: label, class, probability, probabilities
+    model.predict(pd.DataFrame({"image": [png_bytes]}))    # encoded images
+    net = model.unwrap_python_model().network              # the torch.nn.Module itself
 """
 
 from __future__ import annotations
@@ -37,105 +43,70 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 if __package__:  # imported from this repository, as tasks.domain.classifier_model
-    from .classifier_network import ARCHITECTURE, EXPECTED_INPUT, forward_in_batches, network_with_weights
+    from .classifier_network import ARCHITECTURE, forward_in_batches, network_with_weights
+    from .image_input import InputFormError, image_batch
+    from .image_spec import ImageSpec
 else:  # executed by MLflow: loading a version, whose code/ folder (code_paths) MLflow puts on sys.path ...
     try:
-        from classifier_network import ARCHITECTURE, EXPECTED_INPUT, forward_in_batches, network_with_weights
+        from classifier_network import ARCHITECTURE, forward_in_batches, network_with_weights
+        from image_input import InputFormError, image_batch
+        from image_spec import ImageSpec
     except ModuleNotFoundError as exc:  # ... or saving one, from this repository
-        if exc.name != "classifier_network":
+        if exc.name not in ("classifier_network", "image_input", "image_spec", "image_preprocessing"):
             raise
-        from tasks.domain.classifier_network import (
-            ARCHITECTURE,
-            EXPECTED_INPUT,
-            forward_in_batches,
-            network_with_weights,
-        )
+        from tasks.domain.classifier_network import ARCHITECTURE, forward_in_batches, network_with_weights
+        from tasks.domain.image_input import InputFormError, image_batch
+        from tasks.domain.image_spec import ImageSpec
 
-IMAGE_SIDE = 28
-PIXELS = IMAGE_SIDE * IMAGE_SIDE
+# What a version whose model_config names no image shape was trained on (every version before ImageSpec).
+LEGACY_SHAPE = {"channels": 1, "height": 28, "width": 28}
 OUTPUT_COLUMNS = ("label", "class", "probability", "probabilities")
 DEFAULT_BATCH_SIZE = 256  # images per forward pass; bounds memory for large requests
 
 
 class ImageInputError(MlflowException, ValueError):
-    """The images handed to ``predict`` have the wrong shape, dtype or values.
+    """The images handed to ``predict`` are not an accepted form (shape, dtype, values, bytes, column).
 
     An ``MlflowException`` with INVALID_PARAMETER_VALUE, so ``mlflow models
-    serve`` answers HTTP 400 with this message; also a ``ValueError``.
+    serve`` answers HTTP 400 with this message; also a ``ValueError``. ``row``: the
+    position of the image at fault, when one is.
     """
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, row: int | None = None):
         super().__init__(message, error_code=INVALID_PARAMETER_VALUE)
+        self.row = row
 
 
-def normalise(images: torch.Tensor, mean: float, std: float) -> torch.Tensor:
-    """Pixel values 0..255 ``[N, 28, 28]`` -> the network's input ``[N, 1, 28, 28]`` (ToTensor + Normalize)."""
-    return ((images.to(torch.float32) / 255.0 - mean) / std).unsqueeze(1)
+def normalise(images: torch.Tensor, mean: float | Sequence[float], std: float | Sequence[float]) -> torch.Tensor:
+    """Pixel values 0..255 ``[N, C, H, W]`` (or gray ``[N, H, W]``) -> the network's input ``[N, C, H, W]``
+    (ToTensor + Normalize; ``mean`` and ``std`` on the 0..1 scale, one value or one per channel)."""
+    if images.ndim == 3:
+        images = images.unsqueeze(1)
+    if not isinstance(mean, (int, float)) or not isinstance(std, (int, float)):
+        mean = torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1, 1)
+        std = torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1, 1)
+    return (images.to(torch.float32) / 255.0 - mean) / std
 
 
-def as_image_batch(data: Any) -> torch.Tensor:
-    """Any accepted input form -> a float32 tensor ``[N, 28, 28]`` of pixel values 0..255.
+def as_image_batch(data: Any, spec: ImageSpec | None = None) -> torch.Tensor:
+    """Any accepted input form -> a float32 tensor ``[N, C, H, W]`` of pixel values 0..255 of ``spec``'s channels
+    and size (default: gray 28x28), converted and resized as training does.
 
     Raises:
-        ImageInputError: wrong shape, a non-numeric dtype, values outside 0..255, or no image.
+        ImageInputError: not an accepted form; the message names the row at fault and what is accepted.
     """
-    array = _to_numpy(data)
-    if array.dtype == object:
-        try:
-            array = np.asarray(array.tolist(), dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ImageInputError(f"The input holds non-numeric or ragged values; expected {EXPECTED_INPUT}.") from None
-    if array.dtype == np.bool_ or not (
-        np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
-    ):
-        raise ImageInputError(f"Input dtype {array.dtype} is not an image dtype; expected {EXPECTED_INPUT}.")
-    shape = tuple(array.shape)
-    if len(shape) == 2 and shape[1] == PIXELS:
-        array = array.reshape(shape[0], IMAGE_SIDE, IMAGE_SIDE)
-    elif len(shape) == 4 and shape[1:] == (1, IMAGE_SIDE, IMAGE_SIDE):
-        array = array.reshape(shape[0], IMAGE_SIDE, IMAGE_SIDE)
-    elif not (len(shape) == 3 and shape[1:] == (IMAGE_SIDE, IMAGE_SIDE)):
-        hint = " (one image? add a batch dimension: images[None])" if shape in ((28, 28), (784,), (1, 28, 28)) else ""
-        raise ImageInputError(f"Input shape {list(shape)} is not accepted{hint}; expected {EXPECTED_INPUT}.")
-    if array.shape[0] == 0:
-        raise ImageInputError(f"The input holds no image; expected {EXPECTED_INPUT} with N >= 1.")
-    if array.dtype != np.uint8:
-        low, high = float(array.min()), float(array.max())
-        if not (np.isfinite(low) and np.isfinite(high)) or low < 0 or high > 255:
-            raise ImageInputError(
-                f"Pixel values span {low:g}..{high:g}; expected values 0..255. Pass {EXPECTED_INPUT}."
-            )
-        if 0 < high <= 1:  # an image already scaled to 0..1 would be read as nearly black: refuse, not guess
-            raise ImageInputError(
-                f"Pixel values span {low:g}..{high:g}: they look scaled to 0..1; multiply by 255. "
-                f"Pass {EXPECTED_INPUT}."
-            )
-    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
-
-
-def _to_numpy(data: Any) -> np.ndarray:
-    if isinstance(data, torch.Tensor):
-        return data.detach().cpu().numpy()
-    if isinstance(data, pd.DataFrame):
-        if data.shape[1] == 1:  # one column holding an image (nested list / array) per row
-            return np.asarray(data.iloc[:, 0].tolist())
-        return data.to_numpy()
-    if isinstance(data, dict):
-        if len(data) != 1:
-            raise ImageInputError(
-                f"A dict input must hold one array of images, got keys {sorted(data)}; expected {EXPECTED_INPUT}."
-            )
-        return _to_numpy(next(iter(data.values())))
+    shape = (spec.channels, spec.height, spec.width) if spec else tuple(LEGACY_SHAPE.values())
     try:
-        return np.asarray(data)
-    except (TypeError, ValueError):
-        raise ImageInputError(f"Cannot read {type(data).__name__} as images; expected {EXPECTED_INPUT}.") from None
+        return image_batch(data, *shape)
+    except InputFormError as exc:
+        raise ImageInputError(str(exc), exc.row) from None
 
 
 def predict_probabilities(
     network: torch.nn.Module, images: torch.Tensor, mean: float, std: float, batch_size: int = DEFAULT_BATCH_SIZE
 ) -> torch.Tensor:
-    """Class probabilities ``[N, classes]`` of pixel-value images ``[N, 28, 28]`` (eval mode, no grad)."""
+    """Class probabilities ``[N, classes]`` of pixel-value images ``[N, C, H, W]`` or ``[N, H, W]`` (eval mode,
+    no grad)."""
     logits = forward_in_batches(network, images, lambda batch: normalise(batch, mean, std), batch_size)
     return torch.softmax(logits.float(), dim=1)
 
@@ -159,9 +130,10 @@ def predictions_frame(probabilities: torch.Tensor, class_names: Sequence[str]) -
 class ImageClassifier(mlflow.pyfunc.PythonModel):
     """The pyfunc model of a registered version (loaded by MLflow from this file).
 
-    ``model_config`` keys: ``class_names`` (list), ``mean`` and ``std`` (the training
-    data's pixel statistics on the 0..1 scale), ``architecture``. Artifact ``weights``:
-    the network's state dict (``torch.save``; loaded with ``weights_only=True``).
+    ``model_config`` keys: ``class_names`` (list), ``channels``, ``height``, ``width`` (the
+    ``ImageSpec``; a version without them is gray 28x28), ``mean`` and ``std`` (the training data's
+    pixel statistics on the 0..1 scale: one value, or one per channel), ``architecture``. Artifact
+    ``weights``: the network's state dict (``torch.save``; loaded with ``weights_only=True``).
     """
 
     # No type hints on predict: hints would make MLflow derive an input schema, which this model must not have
@@ -173,9 +145,13 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
 
     def __init__(self) -> None:
         self.network: torch.nn.Module | None = None
-        self.class_names: tuple[str, ...] = ()
-        self.mean = 0.0
-        self.std = 1.0
+        self.spec: ImageSpec | None = None
+        self.mean: float | list[float] = 0.0
+        self.std: float | list[float] = 1.0
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return self.spec.class_names if self.spec else ()
 
     def load_context(self, context: Any) -> None:
         config = dict(context.model_config or {})
@@ -185,15 +161,15 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
                 f"This model version is incomplete: model_config lacks {missing} or the "
                 "'weights' artifact is missing. Re-register it with tasks.domain.model_package."
             )
-        self.class_names = tuple(config["class_names"])
-        self.mean, self.std = float(config["mean"]), float(config["std"])
+        self.spec = ImageSpec.from_record({**LEGACY_SHAPE, **config})
+        self.mean, self.std = config["mean"], config["std"]
         state = torch.load(context.artifacts["weights"], map_location="cpu", weights_only=True)
-        self.network = network_with_weights(state, len(self.class_names), config.get("architecture", ARCHITECTURE))
+        self.network = network_with_weights(state, self.spec.num_classes, config.get("architecture", ARCHITECTURE))
 
     def predict(self, context, model_input, params=None):
         if self.network is None:
             raise MlflowException("The model has no network loaded: load it with mlflow.pyfunc.load_model(uri).")
-        images = as_image_batch(model_input)
+        images = as_image_batch(model_input, self.spec)
         batch_size = int((params or {}).get("batch_size", DEFAULT_BATCH_SIZE))
         return predictions_frame(
             predict_probabilities(self.network, images, self.mean, self.std, batch_size), self.class_names

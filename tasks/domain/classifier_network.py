@@ -1,4 +1,4 @@
-"""The registered model's network: ResNet18 with a one-channel ``conv1``, torch only (no mlflow, no torchvision).
+"""The registered model's network: ResNet18 with a gray or RGB ``conv1``, torch only (no mlflow, no torchvision).
 
 Runs where a network of the model is built: training's workers (the recipes' architectures other than
 the tutorial's), the evaluate and register steps, and every process that loads a registered version.
@@ -8,8 +8,9 @@ workers build the network without importing mlflow (its import costs each worker
 
 Example::
 
-    network = build_network(10, "resnet18-1ch-small")
-    network = network_with_weights(state_dict, 10, "resnet18-1ch-small")   # eval mode
+    network = build_network(10, "resnet18-1ch-small")                    # gray images
+    network = build_network(3, "resnet18-1ch-small", in_channels=3)      # RGB images, 3 classes
+    network = network_with_weights(state_dict, 10, "resnet18-1ch-small")   # eval mode; channels from the weights
     logits = forward_in_batches(network, pixels, lambda batch: batch.unsqueeze(1) / 255, batch_size=256)
 """
 
@@ -26,15 +27,13 @@ import torch
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 # Each architecture's conv1 (kernel, stride, padding) and the first block's width (the later blocks double it).
+# The names say "1ch" from when every model was gray; conv1 takes the ImageSpec's channels (1 or 3) in both.
 # "resnet18-1ch" is the Ray Train tutorial's network (torchvision's ImageNet stem: 28x28 images reach the first
 # block as 7x7). "resnet18-1ch-small" keeps the full resolution through conv1, so the first block sees 14x14,
 # at half the width: the same compute per image (4x the area, a quarter of the channel products), a quarter
 # of the weights (2.8M).
 ARCHITECTURES = {"resnet18-1ch": (7, 2, 3, 64), "resnet18-1ch-small": (3, 1, 1, 32)}
 ARCHITECTURE = "resnet18-1ch"  # what a model_config naming no architecture holds
-# What the registered model's predict takes (classifier_model.py); here, in the file without mlflow, so that the
-# registry's descriptions (model_package.py) name it without importing mlflow.
-EXPECTED_INPUT = "uint8 images (or float images with values 0..255) shaped [N, 28, 28], [N, 784] or [N, 1, 28, 28]"
 
 # From this many images on, forward_in_batches scores with a ResNet18's scoring_copy: the copy costs ~15-60 ms;
 # folding its BatchNorms and its products on small maps save more than that only on many images
@@ -66,10 +65,10 @@ class _BasicBlock(torch.nn.Module):
 
 
 class ResNet18(torch.nn.Module):
-    """torchvision's ``resnet18`` with a one-channel ``conv1``: the same layers, names and state dict.
+    """torchvision's ``resnet18`` with an ``in_channels``-channel ``conv1``: the same layers, names and state dict.
 
     ``architecture`` (a key of :data:`ARCHITECTURES`) sets ``conv1``'s kernel and stride and the widths;
-    ``resnet18-1ch`` is torchvision's network exactly.
+    ``resnet18-1ch`` is torchvision's network exactly (with ``in_channels=3``, torchvision's ``resnet18``).
 
     Written out here, torch only, because importing torchvision costs every process that loads
     the model ~1.5 s of CPU (a serving worker, each batch-scoring worker, the evaluate step) for
@@ -77,10 +76,10 @@ class ResNet18(torch.nn.Module):
     that both give the same outputs from the same weights.
     """
 
-    def __init__(self, num_classes: int = 10, architecture: str = ARCHITECTURE):
+    def __init__(self, num_classes: int = 10, architecture: str = ARCHITECTURE, in_channels: int = 1):
         super().__init__()
         kernel, stride, padding, base = ARCHITECTURES[architecture]
-        self.conv1 = torch.nn.Conv2d(1, base, kernel_size=kernel, stride=stride, padding=padding, bias=False)
+        self.conv1 = torch.nn.Conv2d(in_channels, base, kernel_size=kernel, stride=stride, padding=padding, bias=False)
         self.bn1 = torch.nn.BatchNorm2d(base)
         self.relu = torch.nn.ReLU(inplace=True)
         self.maxpool = torch.nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
@@ -101,25 +100,30 @@ class ResNet18(torch.nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def build_network(num_classes: int = 10, architecture: str = ARCHITECTURE) -> torch.nn.Module:
-    """ResNet18 with a one-channel ``conv1`` of the given architecture (a key of :data:`ARCHITECTURES`), untrained."""
+def build_network(num_classes: int = 10, architecture: str = ARCHITECTURE, in_channels: int = 1) -> torch.nn.Module:
+    """ResNet18 of the given architecture (a key of :data:`ARCHITECTURES`) for images of ``in_channels`` channels
+    (an ``ImageSpec``'s: 1 gray, 3 RGB) and ``num_classes`` classes, untrained."""
     if architecture not in ARCHITECTURES:
         raise ValueError(
             f"architecture={architecture!r} is unknown: this model code builds {', '.join(map(repr, ARCHITECTURES))}."
         )
-    return ResNet18(num_classes, architecture)
+    if in_channels not in (1, 3):
+        raise ValueError(f"in_channels={in_channels!r}; the network takes 1 (gray) or 3 (RGB) channels.")
+    return ResNet18(num_classes, architecture, in_channels)
 
 
 def network_with_weights(
     state: dict[str, torch.Tensor], num_classes: int = 10, architecture: str = ARCHITECTURE
 ) -> torch.nn.Module:
-    """The network holding the weights ``state``, in eval mode.
+    """The network holding the weights ``state``, in eval mode; its input channels are the weights' ``conv1``'s.
 
     Built on the meta device: the random initialisation, which the weights replace at once, is not
     computed (ResNet18's costs ~0.2-0.3 s of CPU, paid by every process that loads a version).
     """
+    conv1 = state.get("conv1.weight")
+    in_channels = int(conv1.shape[1]) if conv1 is not None and conv1.ndim == 4 else 1
     with torch.device("meta"):
-        network = build_network(num_classes, architecture)
+        network = build_network(num_classes, architecture, in_channels)
     network.load_state_dict(state, assign=True)
     return network.eval()
 

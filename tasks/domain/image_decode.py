@@ -17,6 +17,8 @@ import dataclasses
 
 import torch
 
+from tasks.domain.image_preprocessing import fit_to_spec
+
 
 @dataclasses.dataclass(frozen=True)
 class ImageFacts:
@@ -54,15 +56,10 @@ def inspect_image(data: bytes) -> ImageFacts:
 
 
 def decode_to_spec(data: bytes, channels: int, height: int, width: int) -> torch.Tensor:
-    """uint8 ``[channels, height, width]`` pixels of ``data`` (converted, and resized when its size differs)."""
-    pixels = _decode(data, "RGB" if channels == 3 else "GRAY")
-    if pixels.shape[0] != channels:  # WebP's decoder keeps its own colorspace (and alpha) whatever the mode
-        from torchvision.transforms.v2.functional import rgb_to_grayscale
-
-        color = pixels[:3] if pixels.shape[0] >= 3 else pixels[:1].expand(3, -1, -1)
-        pixels = rgb_to_grayscale(color) if channels == 1 else color.contiguous()
-    if pixels.shape[1:] != (height, width):
-        from torchvision.transforms.v2.functional import resize
-
-        pixels = resize(pixels, [height, width], antialias=True)
-    return pixels
+    """uint8 ``[channels, height, width]`` pixels of ``data``, converted and resized by the one preprocessing the
+    registered model applies to its inputs too (``image_preprocessing.fit_to_spec``), so training and serving agree.
+    """
+    # Decoded in colour (gray repeats exactly), then converted by fit_to_spec: one conversion formula everywhere.
+    # WebP's decoder may keep an alpha channel whatever the mode: fit_to_spec drops it.
+    pixels = _decode(data, "RGB")
+    return fit_to_spec(pixels.unsqueeze(0), channels, height, width)[0]

@@ -39,15 +39,25 @@ from typing import Any
 import torch
 
 from tasks.domain import classifier_network
-from tasks.domain.classifier_network import ARCHITECTURE, EXPECTED_INPUT
+from tasks.domain.classifier_network import ARCHITECTURE
 from tasks.domain.dataset_registry import get_dataset_spec
+from tasks.domain.image_spec import ImageSpec
 from tasks.domain.network import MEAN, STD
 from trainlib.startup import replaced_attribute
 
 NETWORK_PATH = os.path.abspath(classifier_network.__file__)
+_DOMAIN = os.path.dirname(NETWORK_PATH)
 # The pyfunc's file, beside the network's; not imported here: it imports mlflow (~1-1.5 s), which only logging a
 # version needs, and the pipeline's task process imports this module before its first task.
-CODE_PATH = os.path.join(os.path.dirname(NETWORK_PATH), "classifier_model.py")
+CODE_PATH = os.path.join(_DOMAIN, "classifier_model.py")
+# What the pyfunc's file imports, shipped in the version's code/ folder (code_paths): the network, the image
+# shape, the input forms and the preprocessing shared with training.
+CODE_PATHS = tuple(
+    os.path.join(_DOMAIN, name)
+    for name in ("classifier_network.py", "image_spec.py", "image_input.py", "image_preprocessing.py")
+)
+# The shape of the built-in idx data sets (FashionMNIST, MNIST): what a card without an image spec describes.
+IDX_SHAPE = {"channels": 1, "height": 28, "width": 28}
 MODEL_ARTIFACT_NAME = "model"
 PICKLE_MODULE = "pickle"
 # The network file's module name in a version's code/ folder, which classifier_model.py imports and the pytorch
@@ -88,41 +98,62 @@ class ModelCard:
     Attributes:
         dataset: the training/test data's identity.
         recipe: the training recipe's name and settings (e.g. ``{"name": "augmented", "lr": 0.05}``).
-        class_names: label -> class name (default: the data set's).
-        mean, std: the normalisation the network was trained with (0..1 scale).
+        class_names: label -> class name (default: the image spec's, else the data set registry's).
+        mean, std: the normalisation the network was trained with (0..1 scale; one value, or one per channel).
         test_accuracy: the version's test accuracy when known at registration.
         architecture: the network's (a key of ``classifier_network.ARCHITECTURES``).
+        image_spec: the images' channels, size and class names (from the data's snapshot); None: a built-in
+            idx data set's (gray 28x28, the registry's class names).
+
+    Raises:
+        ValueError: ``class_names`` and ``image_spec`` name different classes.
     """
 
     dataset: DatasetIdentity
     recipe: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     class_names: tuple[str, ...] | None = None
-    mean: float = MEAN
-    std: float = STD
+    mean: float | tuple[float, ...] = MEAN
+    std: float | tuple[float, ...] = STD
     test_accuracy: float | None = None
     architecture: str = ARCHITECTURE
+    image_spec: ImageSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.image_spec and self.class_names and tuple(self.class_names) != self.image_spec.class_names:
+            raise ValueError(
+                f"ModelCard.class_names {list(self.class_names)} differ from image_spec.class_names "
+                f"{list(self.image_spec.class_names)}; pass the image spec only."
+            )
+
+    def spec(self) -> ImageSpec:
+        """The images the model takes: ``image_spec``, else gray 28x28 with :meth:`names`' classes."""
+        if self.image_spec:
+            return self.image_spec
+        names = tuple(self.class_names) if self.class_names else get_dataset_spec(self.dataset.name).class_names
+        return ImageSpec(class_names=names, **IDX_SHAPE)
 
     def names(self) -> tuple[str, ...]:
-        """The class names, in label order: the card's, else the data set registry's."""
-        return tuple(self.class_names) if self.class_names else get_dataset_spec(self.dataset.name).class_names
+        """The class names, in label order."""
+        return self.spec().class_names
 
     def model_config(self) -> dict[str, Any]:
-        """What ``classifier_model.ImageClassifier.load_context`` reads."""
+        """What ``classifier_model.ImageClassifier.load_context`` reads: the image spec's fields and more."""
         return {
-            "class_names": list(self.names()),
-            "mean": self.mean,
-            "std": self.std,
+            **self.spec().record(),
+            "mean": _plain(self.mean),
+            "std": _plain(self.std),
             "architecture": self.architecture,
         }
 
     def metadata(self) -> dict[str, Any]:
-        """The MLmodel ``metadata``: input/output contract, data set identity, recipe."""
+        """The MLmodel ``metadata``: input/output contract, image spec, data set identity, recipe."""
         return {
-            "input": EXPECTED_INPUT,
+            "input": input_text(self.spec()),
             "output": "one row per image: label (int), class (str), probability (float), probabilities "
             f"({len(self.names())} floats, in label order)",
             "class_names": list(self.names()),
-            "normalisation": {"mean": self.mean, "std": self.std, "scale": "pixel / 255"},
+            "image": self.spec().record(),
+            "normalisation": {"mean": _plain(self.mean), "std": _plain(self.std), "scale": "pixel / 255"},
             "dataset": {
                 "name": self.dataset.name,
                 "digest": self.dataset.digest,
@@ -140,6 +171,7 @@ class ModelCard:
             "dataset_source": self.dataset.source,
             "recipe": str(self.recipe.get("name", "unknown")),
             "recipe_settings": json.dumps(dict(self.recipe), sort_keys=True),
+            "image": describe(self.spec()),
         }
         return {k: v[:5000] for k, v in tags.items()}
 
@@ -147,17 +179,47 @@ class ModelCard:
         accuracy = "" if self.test_accuracy is None else f" Test accuracy {self.test_accuracy:.2%}."
         recipe = ", ".join(f"{k}={v}" for k, v in sorted(self.recipe.items()))
         return (
-            f"ResNet18 ({self.architecture}) trained on {self.dataset.name} (md5 {self.dataset.digest}, "
-            f"from {self.dataset.source}) with recipe: {recipe or 'unknown'}.{accuracy}\n\n{contract_text(self.names())}"
+            f"ResNet18 ({self.architecture}, {describe(self.spec())} images) trained on {self.dataset.name} "
+            f"(md5 {self.dataset.digest}, from {self.dataset.source}) with recipe: {recipe or 'unknown'}."
+            f"{accuracy}\n\n{contract_text(self.spec())}"
         )
 
 
-def contract_text(class_names: tuple[str, ...]) -> str:
+def _plain(value: float | tuple[float, ...]) -> float | list[float]:
+    return float(value) if isinstance(value, (int, float)) else [float(v) for v in value]
+
+
+def describe(spec: ImageSpec) -> str:
+    """``"gray 28x28"`` or ``"RGB 32x32"``."""
+    return f"{'gray' if spec.channels == 1 else 'RGB'} {spec.height}x{spec.width}"
+
+
+def recorded_image(metadata: Mapping[str, Any]) -> str | None:
+    """What a registered version's metadata says it takes, as :func:`describe` writes it (``"gray 28x28"``).
+
+    A version written before image specs records only its ``input`` text: it took gray 28x28 images. None: the
+    metadata records neither.
+    """
+    if isinstance(metadata.get("image"), Mapping):
+        return describe(ImageSpec.from_record(dict(metadata["image"])))
+    return describe(ImageSpec(class_names=("0", "1"), **IDX_SHAPE)) if metadata.get("input") else None
+
+
+def input_text(spec: ImageSpec) -> str:
+    """What the model takes (``image_input.accepted_input``), imported when a version is written: it imports
+    pandas and PIL, which the pipeline's task process does not need before then."""
+    from tasks.domain.image_input import accepted_input
+
+    return accepted_input(spec.channels, spec.height, spec.width)
+
+
+def contract_text(spec: ImageSpec) -> str:
     """What goes in and what comes out, for the registry's descriptions."""
-    classes = ", ".join(f"{i}={name}" for i, name in enumerate(class_names))
+    classes = ", ".join(f"{i}={name}" for i, name in enumerate(spec.class_names))
     return (
-        f"Input: {EXPECTED_INPUT}, any batch size (numpy, torch, nested lists, or JSON "
-        '{"inputs": [...]} to mlflow models serve).\n'
+        f"Input: {input_text(spec)}; any batch size (numpy, torch, nested lists, a DataFrame, or JSON to mlflow "
+        'models serve: {"dataframe_split": {"columns": ["image"], "data": [["<base64 PNG>"]]}} or {"inputs": '
+        "[...pixel arrays...]}).\n"
         "Output: one row per image: label (int), class, probability (of the label), probabilities "
         f"(all classes, in label order). Classes: {classes}.\n"
         "Use: mlflow.pyfunc.load_model('models:/<name>@champion').predict(images); the torch.nn.Module: "
@@ -166,19 +228,21 @@ def contract_text(class_names: tuple[str, ...]) -> str:
     )
 
 
-def registered_model_description(class_names: tuple[str, ...]) -> str:
+def registered_model_description(spec: ImageSpec) -> str:
     return (
-        "Image classifier for 28x28 grayscale images (ResNet18 with one input channel); each version carries "
-        f"its normalisation, class names and data set identity.\n\n{contract_text(class_names)}"
+        f"Image classifier for {describe(spec)} images (ResNet18); each version carries its image spec, "
+        f"normalisation, class names and data set identity.\n\n{contract_text(spec)}"
     )
 
 
 def signature() -> Any:
     """The output schema (label, class, probability, probabilities).
 
-    No input schema on purpose: MLflow's tensor schema admits one dtype and one shape, while the
-    model accepts uint8 or float, ``[N, 28, 28]``, ``[N, 784]`` and ``[N, 1, 28, 28]`` and checks
-    that itself with an error naming the expected shapes. The input example shows uint8 ``[N, 28, 28]``.
+    No input schema on purpose: MLflow's schemas admit one form (a tensor of one dtype and shape, or
+    typed columns), while the model takes encoded images or base64 strings in a column ``image`` and
+    pixel arrays of any size, uint8 or float, and checks that itself with an error naming the row and
+    the accepted forms (the ``input`` of the version's metadata and description). The input example
+    shows uint8 pixel arrays of the spec's shape.
     """
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Array, ColSpec, Schema
@@ -196,12 +260,15 @@ def signature() -> Any:
     )
 
 
-def input_example() -> Any:
-    """Two uint8 images ``[2, 28, 28]`` (a batch of two, so nothing reads it as 'one image')."""
+def input_example(spec: ImageSpec) -> Any:
+    """Two uint8 images of the spec's size: ``[2, H, W]`` gray, ``[2, H, W, 3]`` RGB (a batch of two, so nothing
+    reads it as 'one image')."""
     import numpy as np
 
-    example = np.zeros((2, 28, 28), dtype=np.uint8)
-    example[1, 4:24, 10:18] = 200  # something trouser-shaped, so the example is not all zeros
+    height, width = spec.height, spec.width
+    example = np.zeros((2, height, width) + ((3,) if spec.channels == 3 else ()), dtype=np.uint8)
+    # something trouser-shaped, so the example is not all zeros
+    example[1, height // 7 : height * 6 // 7, width * 5 // 14 : width * 9 // 14] = 200
     return example
 
 
@@ -209,13 +276,15 @@ def pip_requirements() -> list[str]:
     import mlflow
     import numpy
     import pandas
+    import PIL
 
-    # No torchvision: the model file defines the network itself.
+    # No torchvision: the model file defines the network itself. Pillow decodes encoded images.
     return [
         f"mlflow=={mlflow.__version__}",
         f"torch=={torch.__version__.split('+')[0]}",
         f"numpy=={numpy.__version__}",
         f"pandas=={pandas.__version__}",
+        f"pillow=={PIL.__version__}",
     ]
 
 
@@ -271,6 +340,13 @@ def save_model(network: torch.nn.Module, card: ModelCard, path: str, mlflow_mode
     network = network.cpu().eval()
     # The pytorch flavor's module: the network file's classes holding these weights (see below). Built first,
     # so weights that do not fit the card's architecture fail before anything is written.
+    spec = card.spec()
+    conv1 = network.state_dict().get("conv1.weight")
+    if conv1 is not None and conv1.ndim == 4 and conv1.shape[1] != spec.channels:
+        raise ValueError(
+            f"The network's conv1 takes {conv1.shape[1]} channels; ModelCard.image_spec.channels is "
+            f"{spec.channels}. Build it with build_network(..., in_channels=spec.channels)."
+        )
     try:
         portable = _network_file().network_with_weights(network.state_dict(), len(card.names()), card.architecture)
     except RuntimeError as exc:
@@ -285,11 +361,11 @@ def save_model(network: torch.nn.Module, card: ModelCard, path: str, mlflow_mode
         mlflow.pyfunc.save_model(
             path=path,
             python_model=CODE_PATH,
-            code_paths=[NETWORK_PATH],
+            code_paths=list(CODE_PATHS),
             artifacts={"weights": weights},
             model_config=card.model_config(),
             signature=signature(),
-            input_example=input_example(),
+            input_example=input_example(spec),
             pip_requirements=pip_requirements(),
             metadata=card.metadata(),
             mlflow_model=mlflow_model,
@@ -356,7 +432,7 @@ def log_and_register(
             validate_serving_input=False,
         )
     version = str(info.registered_model_version)
-    client.update_registered_model(model_name, description=registered_model_description(card.names()))
+    client.update_registered_model(model_name, description=registered_model_description(card.spec()))
     client.update_model_version(model_name, version, description=card.version_description())
     return RegisteredVersion(
         name=model_name, version=version, model_uri=f"models:/{model_name}/{version}", run_id=run_id

@@ -26,13 +26,13 @@ import torch
 
 import trainlib
 from tasks.domain.champion import DATASET_TAG, alias_version, check_same_data
-from tasks.domain.classifier_network import EXPECTED_INPUT, build_network, forward_in_batches
+from tasks.domain.classifier_network import build_network, forward_in_batches
 from tasks.domain.dataset_registry import get_dataset_spec
 from tasks.domain.evaluation import EvaluationReport, evaluate_model
 from tasks.domain.idx_files import load_fashion_mnist_split
 from tasks.domain.image_spec import ImageSpec
-from tasks.domain.model_package import ModelCard, log_and_register
-from tasks.domain.network import load_model, to_inputs, with_input_channels
+from tasks.domain.model_package import IDX_SHAPE, ModelCard, describe, log_and_register, recorded_image
+from tasks.domain.network import load_model, to_inputs
 from tasks.domain.promotion import (
     ACCURACY_TAG,
     CHALLENGER_ALIAS,
@@ -139,8 +139,8 @@ def score_champion(
             None,
             get_dataset_spec(dataset).class_names,
             recorded.get("class_names"),
-            EXPECTED_INPUT,
-            recorded.get("input"),
+            describe(ImageSpec(class_names=get_dataset_spec(dataset).class_names, **IDX_SHAPE)),
+            recorded_image(recorded),
         )
     try:
         probe = label_digest(torch.as_tensor(model.predict(images[:PROBE_IMAGES].numpy())["label"].to_numpy().copy()))
@@ -223,7 +223,7 @@ def checkpoint_network(checkpoint_uri: str, architecture: str, spec: ImageSpec |
     def build() -> torch.nn.Module:
         if spec is None:
             return build_network(architecture=architecture)
-        return with_input_channels(build_network(spec.num_classes, architecture), spec.channels)
+        return build_network(spec.num_classes, architecture, spec.channels)
 
     with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
         return load_model(folder, build=build)

@@ -39,22 +39,12 @@ def build_model(
     if architecture != TUTORIAL_ARCHITECTURE:
         from tasks.domain.classifier_network import build_network
 
-        return with_input_channels(build_network(num_classes, architecture), in_channels)
+        return build_network(num_classes, architecture, in_channels)
     from torchvision.models import resnet18
 
     model = resnet18(num_classes=num_classes)
     model.conv1 = torch.nn.Conv2d(in_channels, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
     return model
-
-
-def with_input_channels(network: torch.nn.Module, in_channels: int) -> torch.nn.Module:
-    """``network`` with its ``conv1`` taking ``in_channels`` channels (the same kernel, stride and width)."""
-    conv = network.conv1
-    if conv.in_channels != in_channels:
-        network.conv1 = torch.nn.Conv2d(
-            in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, bias=conv.bias is not None
-        )
-    return network
 
 
 def to_inputs(images: torch.Tensor) -> torch.Tensor:

@@ -3,11 +3,13 @@ with `prefect worker`, local Ray, and a few hundred real FashionMNIST test image
 
 The deployment test runs `prefect deploy --all` from prefect.yaml and one `prefect deployment run` of
 `score-images`, executed by `prefect worker start --run-once`; the other tests run the flow in this
-process against the same servers (a PNG folder with CSV output; errors). The .npy reader is covered by test_model_units.py.
+process against the same servers (an image folder with class folders and CSV output; a manifest on S3 (moto);
+errors). The .npy reader is covered by test_model_units.py, the sources' details by test_image_inputs.py.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -19,9 +21,10 @@ import time
 import urllib.request
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import REPO_ROOT
-from model.model_helpers import needs_data, real_images, register_network, tiny_trained_network
+from model.model_helpers import encoded, needs_data, real_images, register_network, tiny_trained_network
 from prefect_helpers import PrefectServer
 from tracking.mlflow_helpers import MlflowServer
 
@@ -85,23 +88,45 @@ def _cli(services, *args: str, timeout: float = 120) -> str:
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    """The first N_IMAGES real test images as an idx .gz file, a .npy array and a folder of PNGs."""
-    from tasks.domain.image_source import write_png_folder
+    """The first N_IMAGES real test images as an idx .gz file, a .npy array and an image folder: class folders
+    named by the true label, gray 28x28 PNGs and every tenth image an RGB 56x56 JPEG."""
 
     folder = tmp_path_factory.mktemp("inputs")
-    images, _ = real_images(False, N_IMAGES)
+    images, labels = real_images(False, N_IMAGES)
     pixels = images.numpy()
     idx = folder / "t10k-images-idx3-ubyte.gz"
     idx.write_bytes(gzip.compress(struct.pack(">IIII", 0x803, N_IMAGES, 28, 28) + pixels.tobytes(), mtime=0))
     np.save(folder / "images.npy", pixels)
-    write_png_folder(pixels, str(folder / "pngs"))
-    return {"pixels": pixels, "idx": str(idx), "npy": str(folder / "images.npy"), "pngs": str(folder / "pngs")}
+    files = {}  # relative path -> bytes, in the folder's (sorted) order
+    for i, (image, label) in enumerate(zip(pixels, labels.tolist(), strict=True)):
+        if i % 10 == 0:
+            rgb = np.repeat(image[..., None], 3, axis=2)
+            files[f"class_{label}/{i:03d}.jpg"] = encoded([rgb], "JPEG", size=(56, 56))[0]
+        else:
+            files[f"class_{label}/{i:03d}.png"] = encoded([image])[0]
+    for relative, data in files.items():
+        (folder / "photos" / os.path.dirname(relative)).mkdir(parents=True, exist_ok=True)
+        (folder / "photos" / relative).write_bytes(data)
+    return {
+        "pixels": pixels,
+        "idx": str(idx),
+        "npy": str(folder / "images.npy"),
+        "photos": str(folder / "photos"),
+        "files": dict(sorted(files.items())),
+    }
 
 
-def _pyfunc_labels(pixels: np.ndarray) -> list[int]:
+@functools.cache
+def _champion():
     import mlflow
 
-    return mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}@champion").predict(pixels)["label"].tolist()
+    return mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}@champion")
+
+
+def _pyfunc_labels(pixels) -> list[int]:
+    """The champion's labels of pixel arrays, or of encoded files (a list of bytes)."""
+    model = _champion()
+    return model.predict(pd.DataFrame({"image": pixels}) if isinstance(pixels, list) else pixels)["label"].tolist()
 
 
 def _run_in_process(services, ray_session, **params):
@@ -138,8 +163,17 @@ def test_deployment_scores_real_images_like_pyfunc(services, inputs, tmp_path):
     assert runs[flow_run_id]["state_type"] == "COMPLETED", worker_output[-6000:]
 
     predictions = read_predictions(output)
-    assert list(predictions.columns) == ["image_id", "label", "class", "probability", "model_name", "model_version"]
+    assert list(predictions.columns) == [
+        "image_id",
+        "source_label",
+        "label",
+        "class",
+        "probability",
+        "model_name",
+        "model_version",
+    ]
     assert predictions["image_id"].tolist() == [str(i) for i in range(N_IMAGES)]
+    assert predictions["source_label"].isna().all()  # an idx file gives no labels
     assert predictions["label"].tolist() == _pyfunc_labels(inputs["pixels"])
     assert set(predictions["model_version"]) == {services["version"]}
     assert not [f for f in os.listdir(os.path.dirname(output)) if f != "predictions.parquet"]  # no temp files left
@@ -169,18 +203,54 @@ def test_deployment_scores_real_images_like_pyfunc(services, inputs, tmp_path):
     assert {row["class"]: row["images"] for row in rows} == counts
 
 
-def test_png_folder_input_with_csv_output(services, inputs, tmp_path, ray_session):
+def test_image_folder_input_with_csv_output_names_each_file(services, inputs, tmp_path, ray_session):
     from tasks.domain.batch_scoring import read_predictions
 
-    output = str(tmp_path / "pngs.csv")
-    state = _run_in_process(services, ray_session, input_url=inputs["pngs"], output_url=output, chunk_size=128)
+    output = str(tmp_path / "photos.csv")
+    state = _run_in_process(services, ray_session, input_url=inputs["photos"], output_url=output, chunk_size=128)
     assert state.is_completed(), state.message
     predictions = read_predictions(output)
     summary = state.result()  # the flow's ScoringSummary
     assert (summary.output_url, summary.images, summary.model_version) == (output, N_IMAGES, services["version"])
     assert {c.class_name: c.images for c in summary.histogram} == predictions["class"].value_counts().to_dict()
-    assert predictions["label"].tolist() == _pyfunc_labels(inputs["pixels"])
-    assert predictions["image_id"].tolist()[:2] == ["image_00000.png", "image_00001.png"]
+    assert predictions["image_id"].tolist() == list(inputs["files"])  # each file's path relative to the folder
+    assert predictions["source_label"].tolist() == [name.split("/")[0] for name in inputs["files"]]
+    assert predictions["label"].tolist() == _pyfunc_labels(list(inputs["files"].values()))
+    # the PNGs are the test images themselves: the labels of their pixels
+    pngs = [i for i, name in enumerate(inputs["files"]) if name.endswith(".png")]
+    order = [int(name.rsplit("/", 1)[1][:3]) for name in inputs["files"]]
+    by_pixels = _pyfunc_labels(inputs["pixels"])
+    assert [predictions["label"][i] for i in pngs] == [by_pixels[order[i]] for i in pngs]
+
+
+def test_manifest_on_s3(services, inputs, tmp_path, ray_session):
+    from faults.fault_helpers import MotoS3
+
+    from tasks.domain.batch_scoring import read_predictions
+
+    names = list(inputs["files"])[:40]
+    with MotoS3() as s3:
+        # Public objects read anonymously: the Ray workers of this session were started before this moto server,
+        # without its credentials in their environment (where a deployment's workers have theirs).
+        fs = s3.fs()
+        for name in names:
+            fs.pipe_file(f"{s3.bucket}/batch/images/{name}", inputs["files"][name], ACL="public-read")
+        manifest = pd.DataFrame({"path": [f"images/{n}" for n in names], "label": [n.split("/")[0] for n in names]})
+        fs.pipe_file(f"{s3.bucket}/batch/manifest.csv", manifest.to_csv(index=False).encode(), ACL="public-read")
+        output = str(tmp_path / "predictions.parquet")
+        state = _run_in_process(
+            services,
+            ray_session,
+            input_url=f"s3://{s3.bucket}/batch/manifest.csv",
+            output_url=output,
+            chunk_size=25,
+            storage_options={"endpoint_url": s3.endpoint, "anon": True},
+        )
+        assert state.is_completed(), state.message
+    predictions = read_predictions(output)
+    assert predictions["image_id"].tolist() == manifest["path"].tolist()  # each file as the manifest names it
+    assert predictions["source_label"].tolist() == manifest["label"].tolist()
+    assert predictions["label"].tolist() == _pyfunc_labels([inputs["files"][n] for n in names])
 
 
 def test_missing_alias_names_the_model_and_how_to_create_a_champion(services, inputs, tmp_path, ray_session):

@@ -57,7 +57,7 @@ def test_a_decompression_bomb_png_is_named(tmp_path, monkeypatch):
     folder = tmp_path / "pngs"
     write_png_folder(np.zeros((2, 28, 28), dtype=np.uint8), str(folder))
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 28x28 is then more than twice the limit: a "bomb"
-    with pytest.raises(ImageSourceError, match=r"image_00000\.png is not a readable PNG \(DecompressionBombError"):
+    with pytest.raises(ImageSourceError, match=r"image_00000\.png is not a readable image \(DecompressionBombError"):
         read_images(str(folder))
 
 

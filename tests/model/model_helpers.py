@@ -1,4 +1,5 @@
-"""Shared pieces of the model tests: real FashionMNIST test images and a tiny, quickly trained network."""
+"""Shared pieces of the model tests: real FashionMNIST test images, generated RGB images, tiny quickly trained
+networks (gray and RGB), encoding images as PNG/JPEG bytes, registering a network."""
 
 from __future__ import annotations
 
@@ -73,8 +74,10 @@ def register_network(
     champion: bool = True,
     test_accuracy: float | None = None,
     architecture: str | None = None,
+    image_spec=None,
 ):
-    """Register ``network`` from a fresh MLflow run as a new version of ``model_name`` (maybe as champion)."""
+    """Register ``network`` from a fresh MLflow run as a new version of ``model_name`` (maybe as champion);
+    ``image_spec``: the images' shape and classes (default: FashionMNIST's gray 28x28)."""
     from mlflow import MlflowClient
 
     from tasks.domain.model_package import ModelCard, log_and_register
@@ -88,9 +91,68 @@ def register_network(
         recipe={"name": recipe},
         test_accuracy=test_accuracy,
         architecture=architecture or default_architecture(),
+        image_spec=image_spec,
     )
     version = log_and_register(network, card, model_name, run.info.run_id, tracking_uri)
     client.set_terminated(run.info.run_id)
     if champion:
         client.set_registered_model_alias(model_name, "champion", version.version)
     return version, card
+
+
+RGB_CLASSES = ("red", "green", "blue")
+
+
+def generated_rgb_images(n: int, height: int = 32, width: int = 32, seed: int = 0):
+    """``n`` uint8 RGB images ``[n, height, width, 3]`` of three classes (the bright channel is the class) and
+    their labels ``[n]``: generated, so that a few training steps tell them apart."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    labels = np.arange(n) % len(RGB_CLASSES)
+    images = rng.integers(0, 90, (n, height, width, 3), dtype=np.uint8)
+    for i, label in enumerate(labels):
+        images[i, :, :, label] = rng.integers(150, 256, (height, width), dtype=np.uint8)
+    return images, labels
+
+
+def tiny_rgb_network(spec, steps: int = 6, batch_size: int = 32, seed: int = 0) -> torch.nn.Module:
+    """The classifier's network for ``spec`` (RGB) after a few steps on :func:`generated_rgb_images`, fed through
+    the preprocessing the registered model uses (``fit_to_spec``) from images of another size."""
+    from tasks.domain.classifier_model import normalise
+    from tasks.domain.classifier_network import build_network
+    from tasks.domain.image_preprocessing import fit_to_spec
+    from tasks.domain.network import MEAN, STD
+
+    torch.manual_seed(seed)
+    images, labels = generated_rgb_images(steps * batch_size, spec.height + 8, spec.width + 8, seed)
+    pixels = fit_to_spec(torch.from_numpy(images).permute(0, 3, 1, 2), spec.channels, spec.height, spec.width)
+    targets = torch.from_numpy(labels)
+    network = build_network(spec.num_classes, default_architecture(), in_channels=spec.channels)
+    optimizer = torch.optim.Adam(network.parameters(), lr=2e-3)
+    network.train()
+    for start in range(0, len(pixels), batch_size):
+        x = normalise(pixels[start : start + batch_size], MEAN, STD)
+        loss = torch.nn.functional.cross_entropy(network(x), targets[start : start + batch_size])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return network.eval()
+
+
+def encoded(images, fmt: str = "PNG", size: tuple[int, int] | None = None) -> list[bytes]:
+    """Each uint8 image (``[H, W]`` or ``[H, W, 3]``) encoded as ``fmt`` bytes, resized to ``size`` (w, h) first."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    out = []
+    for image in images:
+        picture = Image.fromarray(np.asarray(image, dtype=np.uint8))
+        if size:
+            picture = picture.resize(size)
+        buffer = io.BytesIO()
+        picture.save(buffer, format=fmt)
+        out.append(buffer.getvalue())
+    return out

@@ -33,16 +33,21 @@ def _imports(path):
 
 
 def test_model_files_import_only_what_a_fresh_environment_has():
+    from tasks.domain.model_package import CODE_PATH, CODE_PATHS
+
     # The network file: torch and the standard library only, so training's workers build the network without
     # importing mlflow.
     assert {name.split(".")[0] for name in _imports(NETWORK_FILE)} - set(sys.stdlib_module_names) == {"torch"}
-    # The model file: its network (a registered version's copy, or this repository's while MLflow saves one).
-    tops = {name.split(".")[0] for name in _imports(MODEL_FILE)}
-    assert tops <= {"__future__", "typing", "mlflow", "numpy", "pandas", "torch", "classifier_network", "", "tasks"}
-    assert {name for name in _imports(MODEL_FILE) if name.split(".")[0] in ("", "tasks")} == {
-        ".classifier_network",
-        "tasks.domain.classifier_network",
-    }
+    # The model file and the files shipped beside it (code_paths): each other (a registered version's copies, or
+    # this repository's while MLflow saves one) and what the version's requirements pin, nothing else.
+    shipped = {os.path.basename(path)[:-3] for path in CODE_PATHS}
+    assert shipped == {"classifier_network", "image_spec", "image_input", "image_preprocessing"}
+    allowed = set(sys.stdlib_module_names) | {"mlflow", "numpy", "pandas", "torch", "PIL", "", "tasks"} | shipped
+    for path in (CODE_PATH, *CODE_PATHS):
+        imports = _imports(path)
+        assert {name.split(".")[0] for name in imports} <= allowed, path
+        assert {n for n in imports if n.startswith("tasks")} <= {f"tasks.domain.{m}" for m in shipped}, path
+        assert {n for n in imports if n.startswith(".")} <= {f".{m}" for m in shipped}, path
 
 
 def test_training_builds_the_network_without_importing_mlflow():
@@ -141,7 +146,7 @@ def test_every_input_form_becomes_the_same_pixels(form):
         "frame784": pd.DataFrame(images.reshape(4, 784)),
         "frame_column": pd.DataFrame({"image": list(images)}),
     }[form]
-    assert np.array_equal(as_image_batch(data).numpy(), images.astype(np.float32))
+    assert np.array_equal(as_image_batch(data).numpy(), images[:, None].astype(np.float32))
 
 
 def test_probabilities_and_labels_of_a_batch():
@@ -285,6 +290,13 @@ def write_idx(path, pixels):
         f.write(gzip.compress(payload) if str(path).endswith(".gz") else payload)
 
 
+def decoded(images) -> np.ndarray:
+    """The pixels of an ImageSet's files (gray), as the model decodes them."""
+    from tasks.domain.image_preprocessing import decode_image
+
+    return np.stack([decode_image(data, 1)[0].numpy() for data in images.files])
+
+
 def test_reader_reads_idx_npy_and_png_folders(tmp_path):
     from tasks.domain.image_source import read_images, write_png_folder
 
@@ -293,10 +305,12 @@ def test_reader_reads_idx_npy_and_png_folders(tmp_path):
     write_idx(tmp_path / "a-images-idx3-ubyte", pixels)
     np.save(tmp_path / "a.npy", pixels.reshape(5, 784).astype(np.float32))
     write_png_folder(pixels, str(tmp_path / "pngs"))
-    for name in ("a-images-idx3-ubyte.gz", "a-images-idx3-ubyte", "a.npy", "pngs"):
+    for name in ("a-images-idx3-ubyte.gz", "a-images-idx3-ubyte", "a.npy"):
         images = read_images(str(tmp_path / name))
-        assert np.array_equal(images.pixels, pixels), name
-    assert read_images(str(tmp_path / "pngs")).ids[-1] == "image_00004.png"
+        assert np.array_equal(images.pixels, pixels) and images.files is None, name
+    pngs = read_images(str(tmp_path / "pngs"))
+    assert pngs.pixels is None and np.array_equal(decoded(pngs), pixels)
+    assert pngs.ids[-1] == "image_00004.png" and pngs.labels is None
     assert read_images(str(tmp_path / "a.npy")).chunk(1, 3).ids == ("1", "2")
 
 
@@ -399,8 +413,8 @@ def test_reader_and_writer_on_s3(tmp_path, monkeypatch):
         write_idx(tmp_path / "x-images-idx3-ubyte.gz", pixels)
         fs.put_file(str(tmp_path / "x-images-idx3-ubyte.gz"), "scoring/x-images-idx3-ubyte.gz")
         write_png_folder(pixels, "s3://scoring/pngs", options)
-        for url in ("s3://scoring/x-images-idx3-ubyte.gz", "s3://scoring/pngs"):
-            assert np.array_equal(read_images(url, options).pixels, pixels), url
+        assert np.array_equal(read_images("s3://scoring/x-images-idx3-ubyte.gz", options).pixels, pixels)
+        assert np.array_equal(decoded(read_images("s3://scoring/pngs", options)), pixels)
         frame = pd.DataFrame(
             {
                 "image_id": ["0"],
