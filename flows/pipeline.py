@@ -268,9 +268,7 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
 
     with _Stopwatch() as register_time:
         if isinstance(staged, DataVersion):
-            card = ModelCard(
-                dataset=staged.identity(), recipe=run.training.recipe.record(), class_names=staged.spec.class_names
-            )
+            card = ModelCard(dataset=staged.identity(), recipe=run.training.recipe.record(), image_spec=staged.spec)
         else:
             card = ModelCard(dataset=dataset_identity(staged), recipe=run.training.recipe.record())
         registration = register.submit(

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -23,7 +24,8 @@ import urllib.request
 
 import pytest
 from conftest import FASHION_MNIST_MIRROR, REPO_ROOT
-from data_helpers import write_shapes
+from data_helpers import CLASS_COLORS, png_bytes, shape_image, write_shapes
+from model.model_helpers import mlflow_models_serve, post_invocations
 from prefect_helpers import PrefectServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -197,16 +199,21 @@ def test_an_rgb_source_trains_a_three_channel_network_on_the_snapshot_its_run_to
     assert json.loads(data_input.dataset.profile)["counts"] == first.counts()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="registering an RGB model needs the model side of issue 48 (the network's in_channels in "
-    "classifier_network and the model_config of model_package, branch modelio); remove this mark once merged",
-)
-def test_the_rgb_model_is_registered_with_its_data_version(services):
+@pytest.mark.timeout(600)  # includes starting `mlflow models serve`
+def test_the_rgb_model_is_registered_with_its_data_version_and_served_on_base64_pngs(services, tmp_path):
     state = services["rgb_state"]
     assert state.is_completed(), state.message
     (version,) = _versions(services, "shapes")
     assert version.tags["data.digest"] == state.result().data_digest
+    # What a client sends: new PNGs of each class (never seen in training), base64 in `mlflow models serve`'s JSON.
+    kinds = list(CLASS_COLORS)
+    texts = [base64.b64encode(png_bytes(shape_image(kind, 900 + i))).decode() for i in range(4) for kind in kinds]
+    with mlflow_models_serve("models:/shapes@champion", services["mlflow_uri"], tmp_path) as url:
+        status, body = post_invocations(url, {"dataframe_split": {"columns": ["image"], "data": [[t] for t in texts]}})
+    assert status == 200, body
+    rows = body["predictions"]
+    assert len(rows) == len(texts) and {row["class"] for row in rows} <= set(kinds)
+    assert all(len(row["probabilities"]) == len(kinds) for row in rows)
 
 
 def test_a_missing_source_fails_before_any_task_with_the_parameter_path_and_fix(services, ray_session, tmp_path):

@@ -1,14 +1,23 @@
 """Shared pieces of the model tests: real FashionMNIST test images, generated RGB images, tiny quickly trained
-networks (gray and RGB), encoding images as PNG/JPEG bytes, registering a network."""
+networks (gray and RGB), encoding images as PNG/JPEG bytes, registering a network, `mlflow models serve`."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 
 import pytest
 import torch
-from conftest import FASHION_MNIST_MIRROR
+from conftest import FASHION_MNIST_MIRROR, free_port
 
 # The repo's sibling shared/ folder; a git worktree elsewhere names it with TRAINLIB_TEST_FASHION_MNIST.
 FASHION_MNIST_DIR = os.environ.get("TRAINLIB_TEST_FASHION_MNIST") or FASHION_MNIST_MIRROR
@@ -156,3 +165,58 @@ def encoded(images, fmt: str = "PNG", size: tuple[int, int] | None = None) -> li
         picture.save(buffer, format=fmt)
         out.append(buffer.getvalue())
     return out
+
+
+BIN = os.path.dirname(sys.executable)  # the venv's bin/: `mlflow models serve` execs its uvicorn from PATH
+
+
+@contextlib.contextmanager
+def mlflow_models_serve(model_uri: str, tracking_uri: str, log_dir) -> Iterator[str]:
+    """`mlflow models serve -m MODEL_URI --env-manager local` on a free port; yields its base URL."""
+    port = free_port()
+    log_path = os.path.join(str(log_dir), "serve.log")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the model loads from its own code/ folder
+    env.update(MLFLOW_TRACKING_URI=tracking_uri, PATH=f"{BIN}:{env.get('PATH', '')}")
+    command = [f"{BIN}/mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local"]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [*command, "-h", "127.0.0.1", "-p", str(port), "-w", "1"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(log_dir),
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                with open(log_path) as log:
+                    raise RuntimeError(f"mlflow models serve did not come up:\n{log.read()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=30)
+
+
+def post_invocations(url: str, payload: dict) -> tuple[int, dict]:
+    """POST ``payload`` as JSON to a served model's ``/invocations``: the status and the decoded answer."""
+    request = urllib.request.Request(
+        f"{url}/invocations", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())

@@ -11,24 +11,21 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import free_port
 from model_helpers import (
     RGB_CLASSES,
     encoded,
     generated_rgb_images,
+    mlflow_models_serve,
     needs_data,
+    post_invocations,
     real_images,
     register_network,
     tiny_rgb_network,
@@ -40,7 +37,6 @@ pytestmark = [pytest.mark.integration, needs_data]
 
 MODEL_NAME = "fashion-test"
 RGB_MODEL_NAME = "rgb-test"
-BIN = os.path.dirname(sys.executable)
 BATCHES = (1, 7, 500)
 
 
@@ -313,64 +309,13 @@ def test_pytorch_loader_in_process_gives_the_network_for_any_batch(registry, mon
 @pytest.fixture(scope="module")
 def served(registry, tmp_path_factory):
     """`mlflow models serve -m models:/NAME@champion --env-manager local` on a free port."""
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(MLFLOW_TRACKING_URI=registry["server"].uri, PATH=f"{BIN}:{env.get('PATH', '')}")
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [
-                f"{BIN}/mlflow",
-                "models",
-                "serve",
-                "-m",
-                f"models:/{MODEL_NAME}@champion",
-                "--env-manager",
-                "local",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "-w",
-                "1",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=str(log_path.parent),
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/ping", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow models serve did not come up:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
+    with mlflow_models_serve(
+        f"models:/{MODEL_NAME}@champion", registry["server"].uri, tmp_path_factory.mktemp("serve")
+    ) as url:
         yield url
-    finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait(timeout=30)
 
 
-def post(url: str, payload: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        f"{url}/invocations", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+post = post_invocations
 
 
 @pytest.mark.timeout(600)  # includes starting `mlflow models serve`
