@@ -87,6 +87,23 @@ class PipelineParams(BaseModel):
         description="How much higher (absolute test accuracy, e.g. 0.005) the new version must "
         "score than the champion on the same images to replace it.",
     )
+    max_class_drop: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Promotion gate: no class's test accuracy may be lower than the champion's on that class by more "
+        "than this (absolute, e.g. 0.05); unset: no such gate.",
+    )
+    min_accuracy: float | None = Field(
+        None, ge=0, le=1, description="Promotion gate: the lowest test accuracy a new champion may have (e.g. 0.85)."
+    )
+    newest_slice_min_accuracy: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Promotion gate: the lowest accuracy on the newest batch's test images; unset: that accuracy is "
+        "reported only.",
+    )
     model_name: str = Field(
         "fashion-mnist-resnet18", pattern=NAME_PATTERN, max_length=200, description="Registered model name in MLflow."
     )

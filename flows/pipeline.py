@@ -32,6 +32,7 @@ from flows.task_runner import (
     workers_have_env,
 )
 from tasks.artifacts import artifact_key
+from tasks.domain.gates import GateResult, GateSettings
 from tasks.domain.home import PipelineHome
 from tasks.domain.lineage import dataset_identity, source_tags
 from tasks.domain.model_package import ModelCard
@@ -126,6 +127,7 @@ class PipelineSummary:
         run_path, checkpoint, mlflow_run_id: the training run's folder, the evaluated checkpoint, its MLflow run.
         model_name, model_version, champion_version: the registered version and the champion after this run.
         promoted, decision: whether the new version became champion, and why (a sentence).
+        gates: each promotion gate's outcome (the margin first), as tagged on the version.
         test_accuracy, test_loss: the evaluation on the test split.
         champion_test_accuracy: the previous champion's accuracy on the same images (None: there was none).
         recipe: the training recipe's name.
@@ -152,6 +154,16 @@ class PipelineSummary:
     training_metrics: dict[str, Any]
     fit_seconds: float
     stage_times: StageTimes
+    gates: tuple[GateResult, ...] = ()
+
+
+def gate_settings(params: PipelineParams) -> GateSettings:
+    """The promotion gates the parameters configure (besides ``min_margin``)."""
+    return GateSettings(
+        max_class_drop=params.max_class_drop,
+        min_accuracy=params.min_accuracy,
+        newest_slice_min_accuracy=params.newest_slice_min_accuracy,
+    )
 
 
 def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) -> PipelineRun:
@@ -236,7 +248,14 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
     with _Stopwatch() as register_time:
         card = ModelCard(dataset=dataset_identity(staged), recipe=run.training.recipe.record())
         registration = register.submit(
-            training, comparison, card, params.model_name, run.mlflow_tracking_uri, params.min_margin, run.tags
+            training,
+            comparison,
+            card,
+            params.model_name,
+            run.mlflow_tracking_uri,
+            params.min_margin,
+            run.tags,
+            gate_settings(params),
         ).result()
 
     return PipelineSummary(
@@ -258,6 +277,7 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
         stage_times=StageTimes(
             download=download_time.time, train=train_time.time, evaluate=evaluate_time.time, register=register_time.time
         ),
+        gates=registration.decision.gates,
     )
 
 
