@@ -38,7 +38,29 @@ class PipelineParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    dataset: DatasetName = Field("fashion-mnist", description="The data set to train on.")
+    dataset: DatasetName = Field("fashion-mnist", description="The built-in data set to train on (when data is unset).")
+    data: str | None = Field(
+        None,
+        min_length=1,
+        max_length=2000,
+        description="Your images: a folder of class folders (ROOT/<class>/<image>, optional train/ and test/, "
+        "arrivals as ROOT/<batch>/<class>/<image>), or a manifest (.csv/.parquet with path,label[,split]); a local "
+        "path or an fsspec URL such as s3://bucket/pets; or a built-in set's name (default: dataset).",
+    )
+    image_size: int | None = Field(
+        None, ge=8, le=2048, description="Resize your images to this square size (default: their most common size)."
+    )
+    max_bad_fraction: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Share of unusable files (corrupt, empty, not images, too small) above which the run fails; "
+        "below it they are left out and reported.",
+    )
+    min_image_size: int = Field(8, ge=1, le=4096, description="Images narrower or lower than this are left out.")
+    allow_class_changes: bool = Field(
+        False, description="Train even when classes appeared or vanished against the champion's data."
+    )
     mirrors: list[str] | None = Field(
         None,
         description="Base URLs or folders to fetch the data set from, tried in order (default: "
@@ -134,6 +156,11 @@ class PipelineParams(BaseModel):
             if unknown:
                 raise ValueError("; ".join(_unknown_message(k) for k in unknown))
         return values
+
+    @property
+    def source(self) -> str:
+        """What to train on: ``data`` when set, else the built-in ``dataset``."""
+        return self.data or self.dataset
 
     @classmethod
     def parse(cls, values: dict[str, Any], as_options: bool = False) -> PipelineParams:

@@ -32,6 +32,10 @@ from flows.task_runner import (
     workers_have_env,
 )
 from tasks.artifacts import artifact_key
+from tasks.data import snapshot_data, validate_data
+from tasks.domain.data_source import check_source, is_builtin
+from tasks.domain.data_validation import ValidationSettings
+from tasks.domain.data_version import DataVersion, snapshot_location
 from tasks.domain.gates import GateResult, GateSettings
 from tasks.domain.home import PipelineHome
 from tasks.domain.lineage import dataset_identity, source_tags
@@ -135,7 +139,9 @@ class PipelineSummary:
         training_metrics: the last report's metrics.
         fit_seconds: trainlib's ``fit()`` wall time (0 when a finished training was read back).
         stage_times: seconds and wall-clock window of each step (download, train, evaluate, register); the
-            windows are for benchmarks that sample other processes.
+            windows are for benchmarks that sample other processes. ``download`` is the snapshot and validation
+            steps for a user's data.
+        data_digest: the data version (the snapshot's digest) of a user's data; None for a built-in set.
     """
 
     run_path: str
@@ -154,6 +160,7 @@ class PipelineSummary:
     training_metrics: dict[str, Any]
     fit_seconds: float
     stage_times: StageTimes
+    data_digest: str | None = None
     gates: tuple[GateResult, ...] = ()
 
 
@@ -194,7 +201,7 @@ def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) ->
         mlflow_tracking_uri=params.mlflow_tracking_uri or home.mlflow_tracking_uri,
         tags={
             "prefect.flow_run_id": flow_run_id,
-            "dataset": params.dataset,
+            "dataset": mask_url(params.source),
             "trainlib.run_name": run_name,
             "recipe": params.recipe,
             **source_tags(f"flows.pipeline:{FLOW_NAME}"),
@@ -217,10 +224,28 @@ def pipeline_steps(run: PipelineRun) -> PipelineSummary:
 def _run_steps(run: PipelineRun) -> PipelineSummary:
     params = run.params
     check_cluster_reach(current_api_url(), run.mlflow_tracking_uri, run.training.storage_path, params.mirrors)
+    report, register_tags = None, dict(run.tags)
     with _Stopwatch() as download_time:
-        staged = download_dataset.submit(
-            params.dataset, params.mirrors, run.data_cache_dir, join_url(run.training.storage_path, "datasets")
-        ).result()
+        if is_builtin(params.source):
+            staged = download_dataset.submit(
+                params.source, params.mirrors, run.data_cache_dir, join_url(run.training.storage_path, "datasets")
+            ).result()
+        else:  # the user's data: this run's snapshot, validated
+            snapshot_uri = snapshot_location(run.training.storage_path, run.training.run_name)
+            taken = snapshot_data.submit(params.source, run.data_cache_dir, snapshot_uri).result()
+            settings = ValidationSettings(
+                max_bad_fraction=params.max_bad_fraction,
+                min_size=params.min_image_size,
+                allow_class_changes=params.allow_class_changes,
+                image_size=params.image_size,
+            )
+            with remote_options(num_cpus=largest_node_cpus()):  # decodes on every CPU of its node
+                prepared = validate_data.submit(
+                    taken, run.data_cache_dir, snapshot_uri, settings, params.model_name, run.mlflow_tracking_uri
+                ).result()
+            staged, report = prepared.version, prepared.report
+            register_tags.update(staged.tags())
+            get_run_logger().info("Data version %s (snapshot %s)", staged.digest[:12], mask_url(staged.snapshot_uri))
 
     with _Stopwatch() as train_time:
         board = ProgressBoard.create()  # rank 0 tells it where it is within the epoch; the display reads it
@@ -234,7 +259,7 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
         try:
             with display, remote_options(num_cpus=0, num_gpus=0):  # the DDP workers hold the CPUs/GPUs
                 training = train.submit(
-                    staged, run.training, run.mlflow_tracking_uri, params.experiment_name, run.tags, board
+                    staged, run.training, run.mlflow_tracking_uri, params.experiment_name, run.tags, board, report
                 ).result()
         finally:
             board.remove()
@@ -246,7 +271,12 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
     report = comparison.report
 
     with _Stopwatch() as register_time:
-        card = ModelCard(dataset=dataset_identity(staged), recipe=run.training.recipe.record())
+        if isinstance(staged, DataVersion):
+            card = ModelCard(
+                dataset=staged.identity(), recipe=run.training.recipe.record(), class_names=staged.spec.class_names
+            )
+        else:
+            card = ModelCard(dataset=dataset_identity(staged), recipe=run.training.recipe.record())
         registration = register.submit(
             training,
             comparison,
@@ -254,7 +284,7 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
             params.model_name,
             run.mlflow_tracking_uri,
             params.min_margin,
-            run.tags,
+            register_tags,
             gate_settings(params),
         ).result()
 
@@ -271,7 +301,8 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
         test_loss=report.loss,
         champion_test_accuracy=comparison.champion.accuracy,
         recipe=params.recipe,
-        downloaded_files=list(staged.downloaded),
+        downloaded_files=list(getattr(staged, "downloaded", ())),
+        data_digest=getattr(staged, "digest", None),
         training_metrics=training.metrics,
         fit_seconds=training.seconds,
         stage_times=StageTimes(
@@ -296,7 +327,7 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSumm
     logger.info(
         "Run %s: %s on %s, %d worker(s), %d epoch(s); Ray %s; MLflow %s; storage %s",
         run.training.run_name,
-        params.dataset,
+        mask_url(params.source),
         "GPUs" if params.use_gpu else "CPUs",
         params.num_workers,
         params.epochs,
@@ -305,6 +336,8 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSumm
         mask_url(run.training.storage_path),
     )
     check_services(params.ray_address, run.mlflow_tracking_uri)  # seconds, before any step starts
+    if not is_builtin(params.source):
+        check_source(params.source)  # a missing or unreadable source fails here, before Ray starts
     task_runner = make_task_runner(params.ray_address, api_url)
     # Ray starts (or is joined) here, so a local one's workers start while Prefect creates the steps' subflow run,
     # whose runner (a duplicate: the flow carries it to every task, so not the one holding this process's Ray)

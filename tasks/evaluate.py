@@ -15,8 +15,10 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.artifacts import artifact_key
 from tasks.domain.cpu_threads import use_assigned_cpus
+from tasks.domain.data_version import DataVersion
 from tasks.domain.evaluation_record import log_evaluation_to_mlflow
 from tasks.domain.model_registry import Comparison, compare_with_champion
+from tasks.domain.snapshot_evaluation import compare_on_snapshot
 from tasks.domain.staging import StagedDataset
 from tasks.domain.training_run import TrainingOutcome
 
@@ -26,7 +28,7 @@ EVALUATE_TIMEOUT_S = 30 * 60
 @task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, timeout_seconds=EVALUATE_TIMEOUT_S)
 def evaluate(
     training: TrainingOutcome,
-    dataset: StagedDataset,
+    dataset: StagedDataset | DataVersion,
     cache_dir: str,
     test_limit: int | None,
     tracking_uri: str,
@@ -35,7 +37,10 @@ def evaluate(
     """Score the trained model and the current champion on the test split; record it in MLflow and Prefect."""
     logger = get_run_logger()
     use_assigned_cpus()
-    comparison = compare_with_champion(training, dataset, cache_dir, test_limit, model_name, tracking_uri)
+    if isinstance(dataset, DataVersion):
+        comparison = compare_on_snapshot(training, dataset, cache_dir, test_limit, model_name, tracking_uri)
+    else:
+        comparison = compare_with_champion(training, dataset, cache_dir, test_limit, model_name, tracking_uri)
     report, champion = comparison.report, comparison.champion
     logger.info(
         "Test accuracy %.2f%%, loss %.4f on %d images (checkpoint %s)",

@@ -19,7 +19,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 from typing import Any
 
@@ -31,8 +30,9 @@ from tasks.domain.dataset_registry import get_dataset_spec
 from tasks.domain.evaluation import EvaluationReport, evaluate_model
 from tasks.domain.gates import GateSettings, SliceScore, evaluate_gates
 from tasks.domain.idx_files import load_fashion_mnist_split
+from tasks.domain.image_spec import ImageSpec
 from tasks.domain.model_package import ModelCard, log_and_register
-from tasks.domain.network import load_model, to_inputs
+from tasks.domain.network import load_model, to_inputs, with_input_channels
 from tasks.domain.promotion import (
     ACCURACY_PER_CLASS_TAG,
     ACCURACY_TAG,
@@ -217,10 +217,19 @@ def test_split_md5(dataset: StagedDataset) -> str:
     return ",".join(md5 for name, md5 in sorted(dataset.md5s.items()) if name.startswith("t10k-"))
 
 
-def checkpoint_network(checkpoint_uri: str, architecture: str) -> torch.nn.Module:
-    """The trained network in ``checkpoint_uri``, as the registered model's own class (no torchvision import)."""
+def checkpoint_network(checkpoint_uri: str, architecture: str, spec: ImageSpec | None = None) -> torch.nn.Module:
+    """The trained network in ``checkpoint_uri``, as the registered model's own class (no torchvision import).
+
+    ``spec``: the classes and input channels of a network trained on a snapshot (None: the idx sets' 10, gray).
+    """
+
+    def build() -> torch.nn.Module:
+        if spec is None:
+            return build_network(architecture=architecture)
+        return with_input_channels(build_network(spec.num_classes, architecture), spec.channels)
+
     with trainlib.Checkpoint.from_uri(checkpoint_uri).as_directory() as folder:
-        return load_model(folder, build=functools.partial(build_network, architecture=architecture))
+        return load_model(folder, build=build)
 
 
 def compare_with_champion(
@@ -235,9 +244,9 @@ def compare_with_champion(
     files = fetch_staged(dataset, cache_dir)
     images, labels = load_fashion_mnist_split(files.folder, train=False, limit=test_limit)
     network = checkpoint_network(training.checkpoint_uri, training.architecture)
-    report = evaluate_model(network, images, labels, get_dataset_spec(dataset.name).class_names)
-    test_data_md5 = test_split_md5(dataset)
     class_names = get_dataset_spec(dataset.name).class_names
+    report = evaluate_model(network, images, labels, class_names)
+    test_data_md5 = test_split_md5(dataset)
     champion = score_champion(model_name, tracking_uri, images, labels, test_data_md5, len(class_names))
     return Comparison(
         report=report, champion=champion, test_data_md5=test_data_md5, probe=probe_digest(network, images)
@@ -311,7 +320,7 @@ def register_and_promote(
     }
     if version is None:  # the version is created with its tags
         version = log_and_register(
-            checkpoint_network(training.checkpoint_uri, training.architecture),
+            checkpoint_network(training.checkpoint_uri, training.architecture, training.image_spec),
             card,
             model_name,
             training.mlflow_run_id,

@@ -26,8 +26,10 @@ NUM_CLASSES = 10
 TUTORIAL_ARCHITECTURE = "resnet18-1ch"
 
 
-def build_model(architecture: str = TUTORIAL_ARCHITECTURE) -> torch.nn.Module:
-    """The untrained network for 10 classes with a one-channel (grayscale) ``conv1``.
+def build_model(
+    architecture: str = TUTORIAL_ARCHITECTURE, num_classes: int = NUM_CLASSES, in_channels: int = 1
+) -> torch.nn.Module:
+    """The untrained network for ``num_classes`` classes with an ``in_channels`` ``conv1`` (1: grayscale).
 
     ``resnet18-1ch``: the tutorial's, torchvision's ``resnet18`` (7x7 stride-2 ``conv1``, then max-pooling:
     the first block sees 7x7). Any other architecture (``resnet18-1ch-small``: 3x3 stride-1 ``conv1``, half
@@ -37,17 +39,28 @@ def build_model(architecture: str = TUTORIAL_ARCHITECTURE) -> torch.nn.Module:
     if architecture != TUTORIAL_ARCHITECTURE:
         from tasks.domain.classifier_network import build_network
 
-        return build_network(NUM_CLASSES, architecture)
+        return with_input_channels(build_network(num_classes, architecture), in_channels)
     from torchvision.models import resnet18
 
-    model = resnet18(num_classes=NUM_CLASSES)
-    model.conv1 = torch.nn.Conv2d(1, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
+    model = resnet18(num_classes=num_classes)
+    model.conv1 = torch.nn.Conv2d(in_channels, 64, kernel_size=(7, 7), stride=(2, 2), padding=(3, 3), bias=False)
     return model
 
 
+def with_input_channels(network: torch.nn.Module, in_channels: int) -> torch.nn.Module:
+    """``network`` with its ``conv1`` taking ``in_channels`` channels (the same kernel, stride and width)."""
+    conv = network.conv1
+    if conv.in_channels != in_channels:
+        network.conv1 = torch.nn.Conv2d(
+            in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, bias=conv.bias is not None
+        )
+    return network
+
+
 def to_inputs(images: torch.Tensor) -> torch.Tensor:
-    """uint8 ``[N, 28, 28]`` images -> normalised float ``[N, 1, 28, 28]`` (ToTensor + Normalize)."""
-    return ((images.to(torch.float32) / 255.0 - MEAN) / STD).unsqueeze(1)
+    """uint8 ``[N, H, W]`` (gray) or ``[N, C, H, W]`` images -> normalised float ``[N, C, H, W]`` (ToTensor + Normalize)."""
+    inputs = (images.to(torch.float32) / 255.0 - MEAN) / STD
+    return inputs.unsqueeze(1) if inputs.dim() == 3 else inputs
 
 
 def load_model(checkpoint_dir: str, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:

@@ -130,7 +130,7 @@ def make_scheduler(
 
 
 def augment_batch(images: torch.Tensor, recipe: Recipe, background: float) -> torch.Tensor:
-    """Random horizontal flips and random crops of a normalised batch ``[B, 1, H, W]`` (a new tensor).
+    """Random horizontal flips and random crops of a normalised batch ``[B, C, H, W]`` (a new tensor).
 
     ``background`` is the normalised value of a black pixel, used for the padding.
     """
@@ -147,5 +147,5 @@ def augment_batch(images: torch.Tensor, recipe: Recipe, background: float) -> to
         dx = torch.randint(0, 2 * p + 1, (b,))
         rows = (dy[:, None] + torch.arange(h))[:, :, None]  # [B, H, 1]
         cols = (dx[:, None] + torch.arange(w))[:, None, :]  # [B, 1, W]
-        images = padded[torch.arange(b)[:, None, None], 0, rows, cols].unsqueeze(1)
+        images = padded[torch.arange(b)[:, None, None], :, rows, cols].permute(0, 3, 1, 2)  # [B, H, W, C] -> NCHW
     return images

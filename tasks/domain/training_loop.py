@@ -26,9 +26,13 @@ from torch.utils.data import DataLoader, TensorDataset
 import trainlib
 from tasks.domain.dataset_fetch import fetch_dataset
 from tasks.domain.idx_files import load_fashion_mnist_split
+from tasks.domain.image_spec import ImageSpec
 from tasks.domain.network import MEAN, MODEL_FILE, STD, build_model, to_inputs, unwrap
 from tasks.domain.progress import ProgressMeter, ProgressSink
 from tasks.domain.recipe import Recipe, augment_batch, make_optimizer, make_scheduler
+from tasks.domain.snapshot import read_snapshot
+from tasks.domain.snapshot_files import SnapshotReader
+from tasks.domain.snapshot_loading import load_shard
 from trainlib.torch import get_device, prepare_data_loader, prepare_model
 
 STATE_FILE = "train_state.pt"  # optimizer state and the epoch, beside the model in each checkpoint
@@ -56,31 +60,8 @@ def _all_reduce_sum(values: list[float]) -> list[float]:
     return tensor.cpu().tolist()
 
 
-def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> None:
-    """The training loop every worker runs. Reports loss and validation accuracy once per epoch.
-
-    Config keys (built by ``tasks.domain.training_run.training_config``): ``dataset``,
-    ``staged_url``, ``md5s`` (the staged copy and its checksums), ``node_cache_dir`` (where this
-    node keeps its verified copy), ``limit`` (training images to use, None for all),
-    ``val_fraction``, ``recipe`` (a :class:`Recipe` as a plain dict), ``batch_size`` (per worker),
-    ``epochs``, ``seed``.
-
-    ``progress``: where rank 0 tells its progress within the epoch (bound with
-    ``functools.partial``; it is a channel, not a hyperparameter, so it stays out of the config
-    that trainlib records and MLflow logs as params).
-    """
-    context = trainlib.get_context()
-    rank, world_size = context.get_world_rank(), context.get_world_size()
-    torch.manual_seed(config["seed"])
-
-    # Model, loss, optimizer (the recipe's).
-    recipe = Recipe(**config["recipe"])
-    model = prepare_model(build_model(recipe.architecture))
-    criterion = CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
-    val_criterion = CrossEntropyLoss()  # validation loss stays comparable across recipes
-    optimizer = make_optimizer(recipe, model.parameters())
-
-    # Data: the staged copy of the data set, a validation slice held out of the training split.
+def _idx_data(config: dict[str, Any], rank: int, world_size: int) -> tuple[DataLoader, DataLoader, int]:
+    """A built-in idx set, staged to run storage: every rank loads it whole, the sampler shards it."""
     files = fetch_dataset(
         config["dataset"], config["node_cache_dir"], mirrors=[config["staged_url"]], md5s=config["md5s"]
     )
@@ -93,6 +74,61 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
     # Each rank scores its own slice of the validation set exactly once; the counts are summed.
     mine = val_idx[rank::world_size]
     val_loader = DataLoader(TensorDataset(inputs[mine], labels[mine]), batch_size=config["batch_size"])
+    return train_loader, val_loader, len(mine)
+
+
+def _snapshot_data(
+    config: dict[str, Any], spec: ImageSpec, rank: int, world_size: int
+) -> tuple[DataLoader, DataLoader, int]:
+    """A snapshot: each rank decodes only its shard (equal lengths, so equal steps); no sampler needed."""
+    snapshot = read_snapshot(config["snapshot_uri"])
+    reader = SnapshotReader(snapshot, config["node_cache_dir"])
+    shard = load_shard(reader, spec, rank, world_size, config["val_fraction"], config["seed"], config.get("limit"))
+    train_loader = prepare_data_loader(
+        DataLoader(
+            TensorDataset(to_inputs(shard.train_images), shard.train_labels),
+            batch_size=config["batch_size"],
+            shuffle=True,
+        ),
+        add_dist_sampler=False,
+    )
+    val_loader = DataLoader(
+        TensorDataset(to_inputs(shard.val_images), shard.val_labels), batch_size=config["batch_size"]
+    )
+    return train_loader, val_loader, len(shard.val_labels)
+
+
+def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> None:
+    """The training loop every worker runs. Reports loss and validation accuracy once per epoch.
+
+    Config keys (built by ``tasks.domain.training_run.training_config``): ``dataset``,
+    ``staged_url``, ``md5s`` (the staged copy and its checksums), ``node_cache_dir`` (where this
+    node keeps its verified copy), ``limit`` (training images to use, None for all),
+    ``val_fraction``, ``recipe`` (a :class:`Recipe` as a plain dict), ``batch_size`` (per worker),
+    ``epochs``, ``seed``; for a user's data instead of an idx set: ``snapshot_uri`` (the run's
+    snapshot) and ``image_spec`` (an :class:`ImageSpec` record: classes, channels, size).
+
+    ``progress``: where rank 0 tells its progress within the epoch (bound with
+    ``functools.partial``; it is a channel, not a hyperparameter, so it stays out of the config
+    that trainlib records and MLflow logs as params).
+    """
+    context = trainlib.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    torch.manual_seed(config["seed"])
+
+    # Model, loss, optimizer (the recipe's); a snapshot's ImageSpec sets the classes and input channels.
+    recipe = Recipe(**config["recipe"])
+    spec = ImageSpec.from_record(config["image_spec"]) if config.get("image_spec") else None
+    shape = (spec.num_classes, spec.channels) if spec else ()
+    model = prepare_model(build_model(recipe.architecture, *shape))
+    criterion = CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
+    val_criterion = CrossEntropyLoss()  # validation loss stays comparable across recipes
+    optimizer = make_optimizer(recipe, model.parameters())
+
+    if spec is None:
+        train_loader, val_loader, val_count = _idx_data(config, rank, world_size)
+    else:
+        train_loader, val_loader, val_count = _snapshot_data(config, spec, rank, world_size)
     scheduler = make_scheduler(recipe, optimizer, len(train_loader), config["epochs"])
     background = -MEAN / STD  # a black pixel, normalised: the padding of random crops
 
@@ -112,7 +148,7 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
     if rank == 0 and progress is not None:
         meter = ProgressMeter(progress, config["epochs"], len(train_loader), world_size)
     for epoch in range(start_epoch, config["epochs"]):
-        if world_size > 1:
+        if world_size > 1 and hasattr(train_loader.sampler, "set_epoch"):
             train_loader.sampler.set_epoch(epoch)
         if meter:
             meter.start_epoch(epoch)
@@ -140,7 +176,7 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
                 val_loss += val_criterion(outputs, batch_labels).item() * len(batch_labels)
                 val_correct += (outputs.argmax(1) == batch_labels).sum().item()
         loss_sum, seen, val_loss, val_correct, val_seen = _all_reduce_sum(
-            [loss_sum, seen, val_loss, val_correct, len(mine)]
+            [loss_sum, seen, val_loss, val_correct, val_count]
         )
 
         metrics = {

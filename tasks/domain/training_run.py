@@ -20,6 +20,8 @@ import time
 from typing import Any
 
 import trainlib
+from tasks.domain.data_version import DataVersion
+from tasks.domain.image_spec import ImageSpec
 from tasks.domain.progress import ProgressSink
 from tasks.domain.recipe import Recipe
 from tasks.domain.staging import StagedDataset
@@ -82,6 +84,7 @@ class TrainingOutcome:
         mlflow_run_id: the MLflow run that tracked training.
         seconds: wall time of ``fit()``.
         architecture: the network the checkpoint holds (the recipe's).
+        image_spec: the classes and input channels of a network trained on a snapshot (None: an idx set).
     """
 
     run_path: str
@@ -91,6 +94,7 @@ class TrainingOutcome:
     mlflow_run_id: str | None
     seconds: float
     architecture: str
+    image_spec: ImageSpec | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,12 +112,18 @@ class FitResult:
     reused: bool
 
 
-def training_config(settings: TrainingSettings, dataset: StagedDataset) -> dict[str, Any]:
+def training_config(settings: TrainingSettings, dataset: StagedDataset | DataVersion) -> dict[str, Any]:
     """The ``train_loop_config`` of :func:`train_func`: plain values, the same for every attempt, nothing secret."""
+    if isinstance(dataset, DataVersion):
+        data = {
+            "snapshot_uri": dataset.snapshot_uri,
+            "data_digest": dataset.digest,
+            "image_spec": dataset.spec.record(),
+        }
+    else:
+        data = {"dataset": dataset.name, "staged_url": dataset.staged_url, "md5s": dict(dataset.md5s)}
     return {
-        "dataset": dataset.name,
-        "staged_url": dataset.staged_url,
-        "md5s": dict(dataset.md5s),
+        **data,
         "node_cache_dir": expand_path(settings.node_cache_dir),
         "limit": settings.limit,
         "val_fraction": settings.val_fraction,
@@ -126,7 +136,7 @@ def training_config(settings: TrainingSettings, dataset: StagedDataset) -> dict[
 
 def run_training(
     settings: TrainingSettings,
-    dataset: StagedDataset,
+    dataset: StagedDataset | DataVersion,
     callbacks: list[trainlib.Callback],
     progress: ProgressSink | None = None,
 ) -> FitResult:
@@ -183,7 +193,9 @@ def chosen_checkpoint(result: trainlib.Result) -> trainlib.Checkpoint:
     return result.checkpoint
 
 
-def training_outcome(fit: FitResult, mlflow_run_id: str | None, architecture: str) -> TrainingOutcome:
+def training_outcome(
+    fit: FitResult, mlflow_run_id: str | None, architecture: str, image_spec: ImageSpec | None = None
+) -> TrainingOutcome:
     """The :class:`TrainingOutcome` of a finished ``fit()``: the checkpoint to evaluate and the metrics history."""
     result, seconds = fit.result, fit.seconds
     checkpoint = chosen_checkpoint(result)
@@ -202,4 +214,5 @@ def training_outcome(fit: FitResult, mlflow_run_id: str | None, architecture: st
         mlflow_run_id=mlflow_run_id,
         seconds=seconds,
         architecture=architecture,
+        image_spec=image_spec,
     )
