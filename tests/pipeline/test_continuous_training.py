@@ -5,8 +5,8 @@ a folder source of real FashionMNIST PNGs.
 * The same source again: the run ends Completed in seconds saying "no new data since <digest>", and the Prefect
   API shows no training task run (nothing started on Ray).
 * ``force=True`` with ``init_from="champion"``: the run trains anyway, from the champion's weights with the
-  fine-tuning schedule; its first step's loss is the champion's (near its test loss), not a random network's
-  (~ln 10), and the version records its parent.
+  fine-tuning schedule; its first step's loss is the champion's (near its last training loss), not a random
+  network's (~ln 10), and the version records its parent.
 """
 
 from __future__ import annotations
@@ -155,10 +155,11 @@ def test_train_then_skip_an_unchanged_week_then_warm_start_from_the_champion(loo
     assert version.tags["parent_version"] == "1" and version.tags["init_from"] == "champion"
     run = client.get_run(version.run_id)
     warm_first_loss = run.data.metrics["first_step_loss"]
-    champion_loss = float(champion.tags["test_loss"])
-    # A random 10-class network starts near ln(10) = 2.30; the warm one starts where the champion ended.
+    # A random 10-class network starts near ln(10) = 2.30; the warm one where the champion's training ended (its
+    # last epoch's mean loss on the same training images), not near its loss on unseen test images.
+    champion_loss = client.get_run(champion.run_id).data.metrics["loss"]
     assert scratch_first_loss > math.log(10) - 0.3, scratch_first_loss
-    assert abs(warm_first_loss - champion_loss) < 0.35 and warm_first_loss < scratch_first_loss - 0.6, (
+    assert warm_first_loss < champion_loss + 0.3 and warm_first_loss < scratch_first_loss - 1.0, (
         warm_first_loss,
         champion_loss,
         scratch_first_loss,
