@@ -72,7 +72,9 @@ def decision(summary) -> tuple[str, str]:
     if summary.promoted:
         return "promoted", summary.decision
     if failed:
-        return "refused", "; ".join(f"{g.name}: {g.detail}" for g in failed)
+        margin = next(g for g in summary.gates if g.name == "margin")
+        kept = "" if margin.passed else f"margin failed too ({margin.detail}); "
+        return "refused", kept + "; ".join(f"{g.name}: {g.detail}" for g in failed)
     return "kept", summary.decision
 
 
