@@ -30,6 +30,7 @@ from flows.lifeline import Lifeline
 from flows.params import PipelineParams, PipelineParamsError, option_name
 from flows.prefect_server import DEFAULT_PREFECT_PORT, ensure_prefect
 from flows.preflight import check_services
+from tasks.domain.data_source import is_builtin
 from tasks.domain.dataset_fetch import MIRRORS_ENV_VAR
 from tasks.domain.home import DEFAULT_HOME, HOME_ENV_VAR, PipelineHome
 from tasks.domain.urls import expand_path, mask_url
@@ -134,15 +135,18 @@ def main(argv: list[str] | None = None) -> int:
     home = PipelineHome.resolve()
     os.makedirs(home.root, exist_ok=True)
     mirrors = params.mirrors or [m for m in os.environ.get(MIRRORS_ENV_VAR, "").split(",") if m.strip()]
-    print(
-        f"Data: {params.dataset} from "
-        + (
-            ", ".join(map(mask_url, mirrors))
-            if mirrors
-            else f"the official internet mirrors (offline? pass --mirrors FOLDER or set {MIRRORS_ENV_VAR})"
-        ),
-        flush=True,
-    )
+    if params.data and not is_builtin(params.data):
+        print(f"Data: your images at {mask_url(params.source)} (snapshot and validation before training)", flush=True)
+    else:
+        print(
+            f"Data: {params.source} from "
+            + (
+                ", ".join(map(mask_url, mirrors))
+                if mirrors
+                else f"the official internet mirrors (offline? pass --mirrors FOLDER or set {MIRRORS_ENV_VAR})"
+            ),
+            flush=True,
+        )
 
     # Unreachable services fail here, in seconds, before a server starts or data is fetched.
     try:

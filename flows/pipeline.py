@@ -1,10 +1,14 @@
-"""The training pipeline flow: download -> train on Ray -> evaluate -> register. Runs in the flow-run process.
+"""The training pipeline flow: download (or snapshot + validate) -> train on Ray -> evaluate -> register.
+
+Runs in the flow-run process.
 
 The flow-run process is a ``prefect worker`` subprocess, ``python -m flows.main``, or whatever
 calls :func:`training_pipeline`. Its parameters are one :class:`flows.params.PipelineParams`
 (validated by Prefect before anything starts); locations left unset come from the pipeline's
 home (:class:`tasks.domain.home.PipelineHome`), so every entry point shares one registry.
-The four steps run as a subflow on prefect-ray's ``RayTaskRunner``. The training task
+A built-in idx set is downloaded and staged; a user's folder or manifest (``data``) is listed
+into this training run's snapshot and validated instead (docs/data.md). The steps run as a
+subflow on prefect-ray's ``RayTaskRunner``. The training task
 reserves no CPU/GPU: its DDP workers hold them.
 """
 
@@ -401,10 +405,11 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSumm
         )
         summary = steps(run)
     logger.info(
-        "Done: test accuracy %.2f%%, %s version %s (%s)",
+        "Done: test accuracy %.2f%%, %s version %s (%s)%s",
         100 * summary.test_accuracy,
         params.model_name,
         summary.model_version,
         summary.decision,
+        f"; data version {summary.data_digest}" if summary.data_digest else "",
     )
     return summary

@@ -20,11 +20,12 @@ from prefect.cache_policies import NO_CACHE
 from tasks.artifacts import artifact_key
 from tasks.domain.cpu_threads import use_assigned_cpus
 from tasks.domain.data_source import open_fs
-from tasks.domain.data_validation import FactsCache, ValidationReport, ValidationSettings, validate_snapshot
+from tasks.domain.data_validation import FactsCache, ValidationSettings, validate_snapshot
 from tasks.domain.data_version import DataVersion, champion_snapshot
 from tasks.domain.snapshot import Snapshot, read_snapshot, take_snapshot, write_snapshot
 from tasks.domain.snapshot_files import SnapshotReader
 from tasks.domain.urls import mask_url
+from tasks.domain.validation_report import ValidationReport
 
 DATA_TIMEOUT_S = 60 * 60
 

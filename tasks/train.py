@@ -17,7 +17,6 @@ from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tasks.artifacts import artifact_key
-from tasks.domain.data_validation import ValidationReport
 from tasks.domain.data_version import DataVersion, log_snapshot_input, log_validation_report
 from tasks.domain.lineage import dataset_identity, log_dataset_input
 from tasks.domain.mlflow_runs import find_run_id, run_page_url
@@ -25,6 +24,7 @@ from tasks.domain.progress import ProgressSink
 from tasks.domain.snapshot import read_snapshot
 from tasks.domain.staging import StagedDataset
 from tasks.domain.training_run import TrainingOutcome, TrainingSettings, run_training, training_outcome
+from tasks.domain.validation_report import ValidationReport
 from tasks.events import emit_training_failed
 from tasks.prefect_callback import PrefectLogCallback
 

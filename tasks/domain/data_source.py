@@ -112,6 +112,12 @@ def describe_access_error(location: str, exc: BaseException) -> DataSourceError:
             f"{PARAMETER}={shown!r} cannot be read: access denied ({type(exc).__name__}). Fix: check the "
             "credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or storage options) and the permissions on that path."
         )
+    if "credential" in f"{type(exc).__name__} {exc}".lower():
+        return DataSourceError(
+            f"{PARAMETER}={shown!r} cannot be read: no usable credentials ({type(exc).__name__}). Fix: set "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) where the pipeline runs, or pass them "
+            "in the storage options."
+        )
     return DataSourceError(
         f"{PARAMETER}={shown!r} cannot be read: {type(exc).__name__}: {str(exc)[:300]}. Fix: check the path, the "
         "endpoint and the credentials (storage options or the AWS_* environment)."

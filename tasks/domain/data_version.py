@@ -19,11 +19,11 @@ import json
 import logging
 import posixpath
 
-from tasks.domain.data_validation import ValidationReport
 from tasks.domain.image_spec import ImageSpec
 from tasks.domain.model_package import DatasetIdentity
 from tasks.domain.snapshot import Snapshot, read_snapshot
 from tasks.domain.urls import join_url, mask_url
+from tasks.domain.validation_report import ValidationReport
 
 logger = logging.getLogger("trainlib")
 

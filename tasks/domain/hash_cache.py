@@ -8,7 +8,7 @@ version) is hashed again. Files of a remote source are kept in the node's blob c
 Example::
 
     cache = HashCache("~/.trainlib/datasets")
-    hashes = cache.hash_files(fs, [(url, path, size, version), ...], keep_blobs=True)
+    hashes = cache.hash_files(lambda f: fs.cat_file(f.path), files, keep_blobs=True)
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ import hashlib
 import logging
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-
-import fsspec
 
 from tasks.domain.blob_cache import BlobCache
 from tasks.domain.urls import expand_path
@@ -70,19 +68,20 @@ class HashCache:
         return db
 
     def hash_files(
-        self, fs: fsspec.AbstractFileSystem, files: Sequence[FileToHash], keep_blobs: bool = False
+        self, read: Callable[[FileToHash], bytes], files: Sequence[FileToHash], keep_blobs: bool = False
     ) -> dict[str, str]:
-        """url -> sha256 of every file; reads only those the cache does not know at their size and version.
+        """url -> sha256 of every file; reads (with ``read``) only those the cache does not know at their size and
+        version.
 
         ``keep_blobs``: store each file read in the blob cache (a remote source, so workers here fetch nothing).
         """
         wanted = {f.url for f in files}
-        with self._connect() as db:
-            known = {
-                url: (size, version, sha)
-                for url, size, version, sha in db.execute("SELECT url, size, version, sha256 FROM hashes")
-                if url in wanted
-            }
+        low, high = (min(wanted), max(wanted)) if wanted else ("", "")
+        with self._connect() as db:  # the key range of these files only (one index scan)
+            rows = db.execute(
+                "SELECT url, size, version, sha256 FROM hashes WHERE url >= ? AND url <= ?", (low, high)
+            ).fetchall()
+        known = {url: (size, version, sha) for url, size, version, sha in rows if url in wanted}
         hashes: dict[str, str] = {}
         to_read: list[FileToHash] = []
         for f in files:
@@ -92,15 +91,15 @@ class HashCache:
             else:
                 to_read.append(f)
 
-        def read(f: FileToHash) -> tuple[str, str]:
-            data = fs.cat_file(f.path)
+        def read_one(f: FileToHash) -> tuple[str, str]:
+            data = read(f)
             sha = hashlib.sha256(data).hexdigest()
             if keep_blobs:
                 self.blobs.put(sha, data)
             return f.url, sha
 
         with ThreadPoolExecutor(HASH_THREADS) as pool:
-            fresh = dict(pool.map(read, to_read))
+            fresh = dict(pool.map(read_one, to_read))
         hashes.update(fresh)
         if fresh:
             by_url = {f.url: f for f in to_read}

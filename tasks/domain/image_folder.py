@@ -17,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-import posixpath
+import os
 
 import fsspec
 
@@ -36,47 +36,48 @@ def list_folder(fs: fsspec.AbstractFileSystem, path: str, location: str) -> tupl
     """
     shown = mask_url(location)
     try:
-        fs.invalidate_cache(path)
-        found = fs.find(path, withdirs=True, detail=True)
+        found = _walk_local(path) if _is_local(fs) else _walk(fs, path)
     except Exception as exc:  # noqa: BLE001 - one message with the fix
         raise describe_access_error(location, exc) from None
-    base = path.rstrip("/") + "/"
     files: list[ListedFile] = []
     folders: list[str] = []
-    for key, info in sorted(found.items()):
-        rel = key[len(base) :] if key.startswith(base) else key
-        parts = rel.split("/")
-        if not rel or any(p.startswith(".") for p in parts):
+    places: dict[str, tuple[str, str, str, int]] = {}  # folder -> (label, split, batch, depth), once per folder
+    for rel, found_file in sorted(found):
+        if not rel or rel.startswith(".") or "/." in rel:  # hidden files and folders
             continue
-        if info.get("type") == "directory":
+        if found_file is None:
             folders.append(rel)
             continue
-        if len(parts) < 2:
+        folder = rel.rpartition("/")[0]
+        if not folder:
             continue  # a README or the like beside the class folders
-        files.append(_listed(rel, parts, info, shown))
+        place = places.get(folder)
+        if place is None:
+            place = places[folder] = _place(folder, rel, shown)
+        label, split, batch, _ = place
+        files.append(ListedFile(rel, label, split, batch, found_file[0], found_file[1]))
     if not files:
         raise DataSourceError(
             f"{PARAMETER}={shown!r} holds no images in class folders. Fix: lay the images out as {LAYOUTS}."
         )
-    depths = {len(f.path.split("/")) for f in files}
+    depths = {place[3] for place in places.values()}
     if len(depths) > 1:
-        deepest = max(files, key=lambda f: len(f.path.split("/")))
-        shallowest = min(files, key=lambda f: len(f.path.split("/")))
+        deepest = max(places, key=lambda f: places[f][3])
+        shallowest = min(places, key=lambda f: places[f][3])
         raise DataSourceError(
-            f"{PARAMETER}={shown!r} mixes layouts: {shallowest.path!r} and {deepest.path!r} are at different depths. "
-            f"Fix: use one layout for every image: {LAYOUTS}."
+            f"{PARAMETER}={shown!r} mixes layouts: images in {shallowest!r} and in {deepest!r} are at different "
+            f"depths. Fix: use one layout for every image: {LAYOUTS}."
         )
-    with_split = [f for f in files if f.split]
-    if with_split and len(with_split) != len(files):
-        lacking = next(f for f in files if not f.split)
+    split_or_not = {bool(place[1]) for place in places.values()}
+    if len(split_or_not) > 1:
+        lacking = next(f for f, place in places.items() if not place[1])
         raise DataSourceError(
-            f"{PARAMETER}={shown!r} has train/test folders, but {lacking.path!r} is in neither. Fix: put every image "
+            f"{PARAMETER}={shown!r} has train/test folders, but {lacking!r} is in neither. Fix: put every image "
             "under train/ or test/, or none."
         )
-    class_depth = depths.pop() - 1
-    holding = {posixpath.dirname(f.path) for f in files}
+    class_depth = depths.pop()
     for folder in folders:
-        if len(folder.split("/")) == class_depth and folder not in holding:
+        if len(folder.split("/")) == class_depth and folder not in places:
             raise DataSourceError(
                 f"{PARAMETER}={shown!r}: class folder {folder!r} is empty. Fix: add its images, or remove the folder."
             )
@@ -89,8 +90,51 @@ def list_folder(fs: fsspec.AbstractFileSystem, path: str, location: str) -> tupl
     return tuple(files)
 
 
-def _listed(rel: str, parts: list[str], info: dict, shown: str) -> ListedFile:
-    prefix = parts[:-2]
+def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+Found = list[tuple[str, tuple[int, str] | None]]
+
+
+def _walk(fs: fsspec.AbstractFileSystem, path: str) -> Found:
+    """(relative path, (size, version)) of every file and (relative path, None) of every folder under ``path``."""
+    fs.invalidate_cache(path)
+    base = path.rstrip("/") + "/"
+    return [
+        (
+            key[len(base) :] if key.startswith(base) else key,
+            None if info.get("type") == "directory" else (int(info.get("size") or 0), file_version(info)),
+        )
+        for key, info in fs.find(path, withdirs=True, detail=True).items()
+    ]
+
+
+def _walk_local(path: str) -> Found:
+    """:func:`_walk` for a local folder through ``os.scandir``: fsspec's per-file ``info`` costs ~4x the stat."""
+    out: Found = []
+    if not os.path.isdir(path):
+        raise FileNotFoundError(path)
+    pending = [("", path)]
+    while pending:
+        rel_dir, folder = pending.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                if entry.is_dir(follow_symlinks=True):
+                    out.append((rel, None))
+                    pending.append((rel, entry.path))
+                else:
+                    stat = entry.stat(follow_symlinks=True)
+                    out.append((rel, (stat.st_size, f"mtime:{stat.st_mtime}")))
+    return out
+
+
+def _place(folder: str, rel: str, shown: str) -> tuple[str, str, str, int]:
+    """(label, split, batch, depth) of the images in ``folder`` (``rel``: one of them, for messages)."""
+    parts = folder.split("/")
+    prefix = parts[:-1]
     split = batch = ""
     if len(prefix) == 1:
         split, batch = (prefix[0], "") if prefix[0] in SPLITS else ("", prefix[0])
@@ -103,6 +147,4 @@ def _listed(rel: str, parts: list[str], info: dict, shown: str) -> ListedFile:
         batch, split = prefix
     elif len(prefix) > 2:
         raise DataSourceError(f"{PARAMETER}={shown!r}: {rel!r} is too deep. Fix: lay the images out as {LAYOUTS}.")
-    return ListedFile(
-        path=rel, label=parts[-2], split=split, batch=batch, size=int(info.get("size") or 0), version=file_version(info)
-    )
+    return parts[-1], split, batch, len(parts)

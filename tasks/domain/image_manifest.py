@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import fsspec
-import pandas as pd
 
 from tasks.domain.data_source import (
     PARAMETER,
@@ -44,6 +43,8 @@ def list_manifest(
         DataSourceError: a missing column, an empty manifest, a path outside the manifest's folder, a bad split
             value, a listed file that does not exist, or fewer than two labels.
     """
+    import pandas as pd
+
     shown = mask_url(location)
     try:
         with fs.open(path, "rb") as handle:

@@ -74,11 +74,8 @@ class Snapshot:
     @functools.cached_property
     def digest(self) -> str:
         """sha256 over the sorted (path, label, split, sha256) rows: the data version."""
-        rows = sorted((e.path, e.label, e.split, e.sha256) for e in self.entries)
-        h = hashlib.sha256()
-        for row in rows:
-            h.update(("\t".join(row) + "\n").encode())
-        return h.hexdigest()
+        rows = sorted(f"{e.path}\t{e.label}\t{e.split}\t{e.sha256}\n" for e in self.entries)
+        return hashlib.sha256("".join(rows).encode()).hexdigest()
 
     @functools.cached_property
     def hashes(self) -> frozenset[str]:
@@ -114,12 +111,7 @@ class Snapshot:
         """The entries as a pandas DataFrame with :data:`COLUMNS` (for Parquet and ``mlflow.data``)."""
         import pandas as pd
 
-        return pd.DataFrame([dataclasses.astuple(e) for e in self.entries], columns=list(_FIELD_ORDER)).loc[
-            :, list(COLUMNS)
-        ]
-
-
-_FIELD_ORDER = tuple(f.name for f in dataclasses.fields(SnapshotEntry))
+        return pd.DataFrame([[getattr(e, c) for c in COLUMNS] for e in self.entries], columns=list(COLUMNS))
 
 
 def split_by_hash(sha256: str) -> str:
@@ -139,14 +131,22 @@ def take_snapshot(
         tasks.domain.data_source.DataSourceError: the source is missing, unreadable or badly laid out.
     """
     listing = list_source(source, storage_options)
-    fs, _ = open_fs(listing.root, storage_options)
     cache = HashCache(cache_dir or "~/.trainlib/datasets")
-    remote = "://" in listing.root or any("://" in f.path for f in listing.files)
+    filesystems: dict[str, Any] = {}
+
+    def fs_of(url: str) -> Any:
+        scheme = url.split("://", 1)[0] if "://" in url else "file"
+        if scheme not in filesystems:
+            filesystems[scheme] = open_fs(url, storage_options)[0]
+        return filesystems[scheme]
+
     to_hash = []
     for f in listing.files:
         url = listing.url(f.path)
-        to_hash.append(FileToHash(url=url, path=fs._strip_protocol(url), size=f.size, version=f.version))
-    hashes = cache.hash_files(fs, to_hash, keep_blobs=remote)
+        path = fs_of(url)._strip_protocol(url) if "://" in url else url
+        to_hash.append(FileToHash(url=url, path=path, size=f.size, version=f.version))
+    remote = "://" in listing.root or any("://" in f.path for f in listing.files)
+    hashes = cache.hash_files(lambda f: fs_of(f.url).cat_file(f.path), to_hash, keep_blobs=remote)
     entries = tuple(
         SnapshotEntry(
             path=f.path,

@@ -3,7 +3,7 @@
 The Ray Train tutorial's loop (ResNet18 with a 1-channel ``conv1``, cross-entropy, a per-worker
 batch size; optimizer, schedule, regularisation and augmentation from a
 :class:`tasks.domain.recipe.Recipe`, the tutorial's Adam by ``recipe="tutorial"``) with three changes: it reads the data set the pipeline staged to run
-storage instead of downloading it, it holds out a validation slice to report
+storage (or its shard of the run's snapshot of the user's images) instead of downloading it, it holds out a validation slice to report
 ``val_accuracy`` each epoch, and it resumes from ``get_checkpoint()`` after a restart or when
 the run is continued. Imports no Prefect, so workers stay light.
 
