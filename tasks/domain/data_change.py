@@ -30,6 +30,8 @@ class DataChange:
         champion_digest: the champion's snapshot's digest (None: no champion, or one trained without a snapshot).
         new_images: images whose content the champion's snapshot lacks, known-unusable files left out.
         images: every image of this snapshot.
+        rerun: the run had its snapshot already (a retry or a re-run of the same run name): it goes on with
+            what it started, never skipped.
     """
 
     digest: str
@@ -37,10 +39,12 @@ class DataChange:
     champion_digest: str | None
     new_images: int
     images: int
+    rerun: bool = False
 
     def nothing_new(self, min_new_images: int) -> bool:
-        """Fewer than ``min_new_images`` new images since a champion's snapshot (never without one)."""
-        return self.champion_digest is not None and self.new_images < min_new_images
+        """Fewer than ``min_new_images`` new images since a champion's snapshot (never without one, nor for a
+        re-run)."""
+        return not self.rerun and self.champion_digest is not None and self.new_images < min_new_images
 
     def message(self, min_new_images: int) -> str:
         """The skipped run's sentence."""
@@ -72,7 +76,8 @@ def source_change(
     """This run's snapshot against the champion's (in the registry at ``tracking_uri``).
 
     The snapshot is the one at ``snapshot_uri`` when this run has one already (a retry trains on what its
-    first attempt listed); else ``source`` is listed now and the snapshot written there for the run's steps.
+    first attempt listed, and is never skipped); else ``source`` is listed now and the snapshot written there
+    for the run's steps.
     """
     from mlflow import MlflowClient
 
@@ -82,13 +87,11 @@ def source_change(
     from tasks.domain.snapshot import read_snapshot, take_snapshot, write_snapshot
 
     fs, path = open_fs(snapshot_uri)
-    if fs.exists(path):
-        snapshot = read_snapshot(snapshot_uri)
-    else:
-        snapshot = take_snapshot(source, cache_dir=cache_dir)
+    rerun = fs.exists(path)
+    snapshot = read_snapshot(snapshot_uri) if rerun else take_snapshot(source, cache_dir=cache_dir)
     version = champion_version(MlflowClient(tracking_uri=tracking_uri), model_name)
     champion = champion_snapshot(model_name, tracking_uri) if version is not None else None
-    change = data_change(snapshot, champion, version, cache_dir)
-    if not fs.exists(path):
+    change = dataclasses.replace(data_change(snapshot, champion, version, cache_dir), rerun=rerun)
+    if not rerun:
         write_snapshot(snapshot, snapshot_uri)
     return snapshot, change

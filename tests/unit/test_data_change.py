@@ -16,6 +16,9 @@ def test_no_new_images_since_the_champions_snapshot_is_nothing_new():
     same = data_change(_snapshot("b", "a"), champion, "3")
     assert same.nothing_new(1) and same.new_images == 0 and same.champion_digest == champion.digest
     assert same.message(1).startswith(f"no new data since {champion.digest} (champion version 3): nothing trained")
+    import dataclasses
+
+    assert not dataclasses.replace(same, rerun=True).nothing_new(1)  # a retried run goes on with its own snapshot
     grown = data_change(_snapshot("a", "b", "c"), champion, "3")
     assert grown.new_images == 1 and not grown.nothing_new(1) and grown.nothing_new(2)
 
