@@ -199,7 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     if not state.is_completed():
         print(f"\nThe pipeline ended {state.name}: {state.message}", file=sys.stderr)
         return 1
-    summary: PipelineSummary = state.result()
+    summary = state.result()
+    if not isinstance(summary, PipelineSummary):  # a skipped run: nothing new since the champion's data
+        print(f"\n{state.message}")
+        return 0
     print(
         f"\nTest accuracy {summary.test_accuracy:.2%}; {summary.model_name} version {summary.model_version}: "
         f"{summary.decision}"

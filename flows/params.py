@@ -127,6 +127,35 @@ class PipelineParams(BaseModel):
         description="How much higher (absolute test accuracy, e.g. 0.005) the new version must "
         "score than the champion on the same images to replace it.",
     )
+    min_new_images: int = Field(
+        1,
+        ge=1,
+        description="A run whose data (a folder or manifest source) has fewer new images than this since the "
+        "champion's snapshot ends at once, Completed, training nothing.",
+    )
+    force: bool = Field(False, description="Train even when the source has no new images since the champion's.")
+    init_from: Literal["scratch", "champion"] = Field(
+        "scratch",
+        description="'champion': start from the champion's weights (same classes and architecture) with the "
+        "recipe's fine-tuning schedule (lower learning rate, fewer epochs); 'scratch': random weights.",
+    )
+    max_class_drop: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Promotion gate: no class's test accuracy may be lower than the champion's on that class by more "
+        "than this (absolute, e.g. 0.05); unset: no such gate.",
+    )
+    min_accuracy: float | None = Field(
+        None, ge=0, le=1, description="Promotion gate: the lowest test accuracy a new champion may have (e.g. 0.85)."
+    )
+    newest_slice_min_accuracy: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Promotion gate: the lowest accuracy on the newest batch's test images; unset: that accuracy is "
+        "reported only.",
+    )
     model_name: str | None = Field(
         None,
         pattern=NAME_PATTERN,

@@ -20,6 +20,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.context import get_run_context
+from prefect.states import Completed, State
 from prefect_ray.context import remote_options
 
 from deployments import FLOW_NAME  # the name prefect.yaml's deployment and the alerts refer to
@@ -39,9 +40,12 @@ from flows.task_runner import (
 from tasks.artifacts import artifact_key
 from tasks.data import snapshot_data, validate_data
 from tasks.domain.champion import unscored_champion_error
+from tasks.domain.data_change import source_change
 from tasks.domain.data_source import check_source, is_builtin
 from tasks.domain.data_validation import ValidationSettings
 from tasks.domain.data_version import DataVersion, snapshot_location
+from tasks.domain.dataset_registry import get_dataset_spec
+from tasks.domain.gates import GateResult, GateSettings, SliceScore
 from tasks.domain.home import PipelineHome
 from tasks.domain.lineage import dataset_identity, source_tags
 from tasks.domain.model_package import ModelCard
@@ -49,6 +53,7 @@ from tasks.domain.progress import ProgressBoard
 from tasks.domain.recipe import get_recipe
 from tasks.domain.training_run import TrainingSettings
 from tasks.domain.urls import expand_path, join_url, mask_url
+from tasks.domain.warm_start import warm_start_training
 from tasks.download import download_dataset
 from tasks.evaluate import evaluate
 from tasks.register import register
@@ -70,7 +75,7 @@ def flow_run_name() -> str:
     else:
         params = params or {}
         model = params.get("model_name") or default_model_name(
-            params.get("dataset") or PipelineParams.model_fields["dataset"].default
+            params.get("data") or params.get("dataset") or PipelineParams.model_fields["dataset"].default
         )
     return f"{model}-{flow_run.scheduled_start_time:%Y-%m-%d-%H%M}"
 
@@ -138,6 +143,8 @@ class PipelineSummary:
         run_path, checkpoint, mlflow_run_id: the training run's folder, the evaluated checkpoint, its MLflow run.
         model_name, model_version, champion_version: the registered version and the champion after this run.
         promoted, decision: whether the new version became champion, and why (a sentence).
+        gates: each promotion gate's outcome (the margin first), as tagged on the version.
+        newest_slice: the new version's accuracy on the newest batch's test images (None: no batches).
         test_accuracy, test_loss: the evaluation on the test split.
         champion_test_accuracy: the previous champion's accuracy on the same images (None: there was none).
         recipe: the training recipe's name.
@@ -167,6 +174,17 @@ class PipelineSummary:
     fit_seconds: float
     stage_times: StageTimes
     data_digest: str | None = None
+    gates: tuple[GateResult, ...] = ()
+    newest_slice: SliceScore | None = None
+
+
+def gate_settings(params: PipelineParams) -> GateSettings:
+    """The promotion gates the parameters configure (besides ``min_margin``)."""
+    return GateSettings(
+        max_class_drop=params.max_class_drop,
+        min_accuracy=params.min_accuracy,
+        newest_slice_min_accuracy=params.newest_slice_min_accuracy,
+    )
 
 
 def resolve_run(params: PipelineParams, flow_run_id: str, home: PipelineHome) -> PipelineRun:
@@ -243,6 +261,24 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
             register_tags.update(staged.tags())
             get_run_logger().info("Data version %s (snapshot %s)", staged.digest[:12], mask_url(staged.snapshot_uri))
 
+    training_settings, train_tags = run.training, dict(run.tags)
+    if params.init_from == "champion":
+        if isinstance(staged, DataVersion):
+            classes, channels = staged.spec.class_names, staged.spec.channels
+        else:
+            classes, channels = get_dataset_spec(staged.name).class_names, 1
+        training_settings, warm = warm_start_training(
+            run.training, params.model_name, run.mlflow_tracking_uri, classes, channels
+        )
+        train_tags.update(warm.tags())
+        register_tags.update(warm.tags())
+        get_run_logger().info(
+            "Warm start from champion version %s: %d epoch(s) at lr %g (the recipe's fine-tuning schedule)",
+            warm.parent_version,
+            training_settings.epochs,
+            training_settings.recipe.lr,
+        )
+
     with _Stopwatch() as train_time:
         board = ProgressBoard.create()  # rank 0 tells it where it is within the epoch; the display reads it
         display = ProgressDisplay(
@@ -255,7 +291,13 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
         try:
             with display, remote_options(num_cpus=0, num_gpus=0):  # the DDP workers hold the CPUs/GPUs
                 training = train.submit(
-                    staged, run.training, run.mlflow_tracking_uri, params.experiment_name, run.tags, board, report
+                    staged,
+                    training_settings,
+                    run.mlflow_tracking_uri,
+                    params.experiment_name,
+                    train_tags,
+                    board,
+                    report,
                 ).result()
         finally:
             board.remove()
@@ -272,7 +314,14 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
         else:
             card = ModelCard(dataset=dataset_identity(staged), recipe=run.training.recipe.record())
         registration = register.submit(
-            training, comparison, card, params.model_name, run.mlflow_tracking_uri, params.min_margin, register_tags
+            training,
+            comparison,
+            card,
+            params.model_name,
+            run.mlflow_tracking_uri,
+            params.min_margin,
+            register_tags,
+            gate_settings(params),
         ).result()
     # Fails closed: a champion that could not be scored was kept; the run fails so that its alerts fire.
     unscored = unscored_champion_error(params.model_name, comparison.champion, str(registration.version))
@@ -299,12 +348,16 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
         stage_times=StageTimes(
             download=download_time.time, train=train_time.time, evaluate=evaluate_time.time, register=register_time.time
         ),
+        gates=registration.decision.gates,
+        newest_slice=comparison.newest_slice,
     )
 
 
 @flow(name=FLOW_NAME, flow_run_name=flow_run_name, validate_parameters=True)
-def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSummary:  # noqa: B008 - Prefect reads the default
-    """Download FashionMNIST, train the tutorial's ResNet18 with trainlib on Ray, evaluate, register.
+def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSummary | State:  # noqa: B008 - Prefect reads the default
+    """Download FashionMNIST (or snapshot the user's data), train the tutorial's ResNet18 with trainlib on Ray,
+    evaluate, register. A source with no new images since the champion's snapshot trains nothing: the run
+    returns a Completed state saying so (its data: the :class:`tasks.domain.data_change.DataChange`).
 
     Args:
         params: every setting of the run (see :class:`flows.params.PipelineParams`); unset
@@ -328,6 +381,24 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSumm
     check_services(params.ray_address, run.mlflow_tracking_uri)  # seconds, before any step starts
     if not is_builtin(params.source):
         check_source(params.source)  # a missing or unreadable source fails here, before Ray starts
+        # Listed here, before Ray starts, so an unchanged week ends in seconds; the steps take this snapshot.
+        _, change = source_change(
+            params.source,
+            run.data_cache_dir,
+            params.model_name,
+            run.mlflow_tracking_uri,
+            snapshot_location(run.training.storage_path, run.training.run_name),
+        )
+        if change.nothing_new(params.min_new_images) and not params.force:
+            message = change.message(params.min_new_images)
+            logger.info("Skipped: %s", message)
+            return Completed(message=message, data=change)
+        logger.info(
+            "%d new image(s) of %d since the champion's snapshot %s",
+            change.new_images,
+            change.images,
+            change.champion_digest or "(none)",
+        )
     task_runner = make_task_runner(params.ray_address, api_url)
     # Ray starts (or is joined) here, so a local one's workers start while Prefect creates the steps' subflow run,
     # whose runner (a duplicate: the flow carries it to every task, so not the one holding this process's Ray)

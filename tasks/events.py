@@ -6,6 +6,8 @@ event                              resource id                         payload
 ``trainlib.model.promoted``        ``mlflow.model.<name>``             version, test accuracy,
                                                                        previous champion, reason
 ``trainlib.training.failed``       ``trainlib.run.<run name>``         error type and message
+``trainlib.data.arrived``          ``trainlib.data.<source>``          digest, images; the source
+                                                                       also as ``trainlib.source``
 =================================  ==================================  ===========================
 
 Each event is related to the flow run and task run that emitted it (Prefect adds those), so
@@ -21,6 +23,8 @@ from prefect.events import emit_event
 
 MODEL_PROMOTED = "trainlib.model.promoted"
 TRAINING_FAILED = "trainlib.training.failed"
+DATA_ARRIVED = "trainlib.data.arrived"
+SOURCE_LABEL = "trainlib.source"  # the resource's label holding the source, which deployment triggers pass on
 
 logger = logging.getLogger("trainlib")
 
@@ -54,4 +58,13 @@ def emit_training_failed(run_name: str, error: BaseException) -> None:
         TRAINING_FAILED,
         {"prefect.resource.id": f"trainlib.run.{run_name}", "prefect.resource.name": run_name},
         {"error_type": type(error).__name__, "message": str(error)[:2000]},
+    )
+
+
+def emit_data_arrived(source: str, digest: str, images: int) -> None:
+    """Tell Prefect that ``source`` (a URL without credentials) changed: its snapshot now has ``digest``."""
+    _emit(
+        DATA_ARRIVED,
+        {"prefect.resource.id": f"trainlib.data.{source}", "prefect.resource.name": source, SOURCE_LABEL: source},
+        {"digest": digest, "images": images},
     )

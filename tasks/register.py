@@ -9,12 +9,13 @@ run twice); this wrapper adds retries, the log, a markdown artifact with the dec
 from __future__ import annotations
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tasks.artifacts import artifact_key
+from tasks.domain.gates import GateSettings
 from tasks.domain.model_package import ModelCard
-from tasks.domain.model_registry import Comparison, Registration, register_and_promote
+from tasks.domain.model_registry import Comparison, Registration, record_gates_on_run, register_and_promote
 from tasks.domain.promotion import CHALLENGER_ALIAS
 from tasks.domain.training_run import TrainingOutcome
 from tasks.events import emit_model_promoted
@@ -31,13 +32,25 @@ def register(
     tracking_uri: str,
     min_margin: float,
     extra_tags: dict[str, str] | None = None,
+    gates: GateSettings | None = None,
 ) -> Registration:
-    """Register the model version, set ``challenger``, promote to ``champion`` if it beats it by ``min_margin``."""
+    """Register the model version, set ``challenger``, promote to ``champion`` if it beats it by ``min_margin``
+    and passes every configured gate."""
     logger = get_run_logger()
-    registration = register_and_promote(training, comparison, card, model_name, tracking_uri, min_margin, extra_tags)
+    registration = register_and_promote(
+        training, comparison, card, model_name, tracking_uri, min_margin, extra_tags, gates
+    )
     decision, report = registration.decision, comparison.report
     logger.info(
         "Registered %s version %s as %r; %s", model_name, registration.version, CHALLENGER_ALIAS, decision.reason
+    )
+    for gate in decision.gates:
+        logger.info("Gate %s: %s: %s", gate.name, gate.outcome, gate.detail)
+    record_gates_on_run(decision, training.mlflow_run_id, tracking_uri)
+    create_table_artifact(
+        [{"gate": g.name, "outcome": g.outcome, "detail": g.detail} for g in decision.gates],
+        key=artifact_key("promotion-gates", model_name),
+        description=f"Promotion gates of {model_name} version {registration.version}",
     )
     if decision.promote:
         emit_model_promoted(
@@ -52,7 +65,8 @@ def register(
         f"{'none' if decision.champion_accuracy is None else f'{decision.champion_accuracy:.2%}'}; margin "
         f"{'n/a' if decision.margin is None else f'{decision.margin:+.4f}'}, required >= {decision.min_margin:.4f})\n"
         f"* test data md5: `{comparison.test_data_md5}`\n"
-        f"* recipe: `{card.recipe.get('name', 'unknown')}`; data set md5 `{card.dataset.digest}`\n",
+        + "".join(f"* gate `{g.name}`: **{g.outcome}**: {g.detail}\n" for g in decision.gates)
+        + f"* recipe: `{card.recipe.get('name', 'unknown')}`; data set md5 `{card.dataset.digest}`\n",
         key=artifact_key("model-registry", model_name),
         description="Champion/challenger decision",
     )

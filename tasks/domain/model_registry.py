@@ -29,11 +29,13 @@ from tasks.domain.champion import DATASET_TAG, alias_version, check_same_data
 from tasks.domain.classifier_network import build_network, forward_in_batches
 from tasks.domain.dataset_registry import get_dataset_spec
 from tasks.domain.evaluation import EvaluationReport, evaluate_model
+from tasks.domain.gates import GateSettings, SliceScore, evaluate_gates
 from tasks.domain.idx_files import load_fashion_mnist_split
 from tasks.domain.image_spec import ImageSpec
 from tasks.domain.model_package import IDX_SHAPE, ModelCard, describe, log_and_register, recorded_image
 from tasks.domain.network import load_model, to_inputs
 from tasks.domain.promotion import (
+    ACCURACY_PER_CLASS_TAG,
     ACCURACY_TAG,
     CHALLENGER_ALIAS,
     CHAMPION_ALIAS,
@@ -44,7 +46,10 @@ from tasks.domain.promotion import (
     TEST_IMAGES_TAG,
     ChampionScore,
     PromotionDecision,
+    apply_gates,
     decide_promotion,
+    parse_per_class,
+    per_class_tag,
 )
 from tasks.domain.staging import StagedDataset, fetch_staged
 from tasks.domain.training_run import TrainingOutcome
@@ -59,12 +64,14 @@ class Comparison:
         champion: the champion's accuracy on the same images (or why there is none).
         test_data_md5: md5s of the test files both were scored on.
         probe: :func:`probe_digest` of the challenger, recorded on its version (:data:`PROBE_TAG`); "" for none.
+        newest_slice: the challenger on the newest batch's test images (None: no such batch).
     """
 
     report: EvaluationReport
     champion: ChampionScore
     test_data_md5: str
     probe: str = ""
+    newest_slice: SliceScore | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,13 +104,15 @@ def score_champion(
     labels: torch.Tensor,
     test_data_md5: str | None = None,
     dataset: str | None = None,
+    num_classes: int | None = None,
 ) -> ChampionScore:
     """The current champion's accuracy on uint8 ``images [N, 28, 28]``, through its registered pyfunc model.
 
     The champion is loaded and predicts the first :data:`PROBE_IMAGES` images. When its version records an
     accuracy on the same test files (``test_data_md5``) and as many images, and the probe's labels are the
     ones it recorded at registration, that accuracy is taken (``recorded=True``): scoring every image again
-    would give the same number, ~3.5 s later on 2 cores. Otherwise it predicts every image; when that gives the
+    would give the same number, ~3.5 s later on 2 cores (its per-class accuracies are taken from its tags too,
+    for the ``max_class_drop`` gate). Otherwise it predicts every image; when that gives the
     accuracy its tags record for these files, the probe's labels are recorded on it for the next run.
     A champion that cannot be loaded or cannot predict raw images (e.g. registered by an
     older pipeline, or its files damaged) gets ``accuracy=None`` and the reason in ``error``: it is then not
@@ -145,14 +154,25 @@ def score_champion(
     try:
         probe = label_digest(torch.as_tensor(model.predict(images[:PROBE_IMAGES].numpy())["label"].to_numpy().copy()))
         recorded = recorded_accuracy(version.tags, test_data_md5, len(images), probe)
-        if recorded is not None:
-            return ChampionScore(version=str(version.version), accuracy=recorded, recorded=True)
-        predicted = model.predict(images.numpy())["label"].to_numpy()
+        recorded_classes = parse_per_class(version.tags.get(ACCURACY_PER_CLASS_TAG))
+        if recorded is not None and recorded_classes is not None:
+            return ChampionScore(
+                version=str(version.version), accuracy=recorded, recorded=True, per_class_accuracy=recorded_classes
+            )
+        predicted = torch.as_tensor(model.predict(images.numpy())["label"].to_numpy().copy())
     except Exception as exc:  # noqa: BLE001 - any failure means "cannot be compared", with the reason kept
         return ChampionScore(version=str(version.version), error=_short_error(exc))
-    accuracy = float((torch.as_tensor(predicted.copy()) == labels).double().mean())
+    accuracy = float((predicted == labels).double().mean())
     _record_probe(version, test_data_md5, len(images), probe, accuracy, tracking_uri)
-    return ChampionScore(version=str(version.version), accuracy=accuracy)
+    per_class = per_class_accuracy(predicted, labels, num_classes or int(labels.max()) + 1)
+    return ChampionScore(version=str(version.version), accuracy=accuracy, per_class_accuracy=per_class)
+
+
+def per_class_accuracy(predicted: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[float, ...]:
+    """Accuracy on each class's images, in label order (0 for a class with no image, as the report has it)."""
+    counts = torch.bincount(labels, minlength=num_classes).double()
+    right = torch.bincount(labels[predicted == labels], minlength=num_classes).double()
+    return tuple(float(r / c) if c else 0.0 for r, c in zip(right.tolist(), counts.tolist(), strict=True))
 
 
 def _short_error(exc: BaseException) -> str:
@@ -241,9 +261,12 @@ def compare_with_champion(
     files = fetch_staged(dataset, cache_dir)
     images, labels = load_fashion_mnist_split(files.folder, train=False, limit=test_limit)
     network = checkpoint_network(training.checkpoint_uri, training.architecture)
-    report = evaluate_model(network, images, labels, get_dataset_spec(dataset.name).class_names)
+    class_names = get_dataset_spec(dataset.name).class_names
+    report = evaluate_model(network, images, labels, class_names)
     test_data_md5 = test_split_md5(dataset)
-    champion = score_champion(model_name, tracking_uri, images, labels, test_data_md5, dataset.name)
+    champion = score_champion(
+        model_name, tracking_uri, images, labels, test_data_md5, dataset=dataset.name, num_classes=len(class_names)
+    )
     return Comparison(
         report=report, champion=champion, test_data_md5=test_data_md5, probe=probe_digest(network, images)
     )
@@ -257,11 +280,13 @@ def register_and_promote(
     tracking_uri: str,
     min_margin: float = DEFAULT_MIN_MARGIN,
     extra_tags: dict[str, str] | None = None,
+    gates: GateSettings | None = None,
 ) -> Registration:
     """Register the model (once per run), tag it, set ``challenger`` and maybe ``champion``.
 
     The champion moves only if it is still the version the evaluate step scored; if another
-    run moved it meanwhile, this run's challenger does not take it.
+    run moved it meanwhile, this run's challenger does not take it. Nor does it when one of ``gates``
+    fails (:mod:`tasks.domain.gates`); every gate's outcome is a ``gate.<name>`` tag on the version.
     """
     from mlflow import MlflowClient
 
@@ -289,8 +314,21 @@ def register_and_promote(
         )
     else:
         decision = decide_promotion(report.accuracy, champion.accuracy, champion.version, min_margin, champion.error)
+    challenger_classes = [report.per_class_accuracy[name] for name in report.class_names]
+    decision = apply_gates(
+        decision,
+        evaluate_gates(
+            gates or GateSettings(),
+            challenger_classes,
+            champion.per_class_accuracy,
+            report.class_names,
+            report.accuracy,
+            comparison.newest_slice,
+        ),
+    )
     tags = {
         ACCURACY_TAG: f"{report.accuracy:.6f}",
+        ACCURACY_PER_CLASS_TAG: per_class_tag(challenger_classes),
         "test_loss": f"{report.loss:.6f}",
         TEST_IMAGES_TAG: str(report.num_images),
         TEST_DATA_MD5_TAG: comparison.test_data_md5,
@@ -320,3 +358,15 @@ def register_and_promote(
         champion_version=version if decision.promote or current == version else (current or ""),
         decision=decision,
     )
+
+
+def record_gates_on_run(decision: PromotionDecision, run_id: str | None, tracking_uri: str) -> None:
+    """Each gate's outcome as a ``gate.<name>`` tag on the training's MLflow run (beside the version's)."""
+    from mlflow import MlflowClient
+
+    if not run_id or not decision.gates:
+        return
+    client = MlflowClient(tracking_uri=tracking_uri)
+    for gate in decision.gates:
+        client.set_tag(run_id, *gate.tag())
+    client.set_tag(run_id, "promotion_decision", "promoted" if decision.promote else "kept_champion")

@@ -16,11 +16,15 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+
+from tasks.domain.gates import GateResult
 
 CHALLENGER_ALIAS = "challenger"
 CHAMPION_ALIAS = "champion"
 ACCURACY_TAG = "test_accuracy"
+ACCURACY_PER_CLASS_TAG = "test_accuracy_per_class"  # JSON list, in label order, on the same images
 TEST_IMAGES_TAG = "test_images"  # how many test images ACCURACY_TAG was measured on
 TEST_DATA_MD5_TAG = "test_data_md5"  # the md5s of the test files it was measured on
 # A version's labels for the first PROBE_IMAGES test images, as registered: a later run whose probe of the
@@ -41,12 +45,14 @@ class ChampionScore:
         recorded: ``accuracy`` is the one recorded when the champion was registered, on the same test files and
             as many images, taken because the loaded champion gave its recorded labels for the probe images;
             False when it was scored on every image now.
+        per_class_accuracy: its accuracy on each class's images, in label order (None with ``accuracy``).
     """
 
     version: str | None
     accuracy: float | None = None
     error: str | None = None
     recorded: bool = False
+    per_class_accuracy: tuple[float, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +65,7 @@ class PromotionDecision:
     champion_version: str | None
     reason: str
     min_margin: float = DEFAULT_MIN_MARGIN
+    gates: tuple[GateResult, ...] = ()
 
     @property
     def margin(self) -> float | None:
@@ -76,7 +83,50 @@ class PromotionDecision:
             else f"{self.champion_accuracy:.6f}",
             "promotion_margin": "none" if self.margin is None else f"{self.margin:.6f}",
             "promotion_min_margin": f"{self.min_margin:.6f}",
+            **dict(gate.tag() for gate in self.gates),
         }
+
+    def failed_gates(self) -> list[str]:
+        """The names of the enforced gates that failed."""
+        return [gate.name for gate in self.gates if gate.enforced and not gate.passed]
+
+
+def margin_gate(decision: PromotionDecision) -> GateResult:
+    """The margin rule's outcome as a gate (``decide_promotion`` made it)."""
+    return GateResult("margin", decision.promote, decision.reason.rsplit(": ", 1)[0])
+
+
+def apply_gates(decision: PromotionDecision, gates: list[GateResult]) -> PromotionDecision:
+    """``decision`` with the margin gate and ``gates`` recorded; any enforced gate that failed keeps the champion.
+
+    The reason names every failed gate with its numbers, e.g. ``refused by gate max_class_drop (largest drop:
+    class 'Shirt' ...)``.
+    """
+    margin = margin_gate(decision)
+    failed = [gate for gate in gates if gate.enforced and not gate.passed]
+    if not decision.promote or not failed:
+        return dataclasses.replace(decision, gates=(margin, *gates))
+    refused = "; ".join(f"refused by gate {gate.name} ({gate.detail})" for gate in failed)
+    kept = "champion kept" if decision.champion_version else "no champion set"
+    return dataclasses.replace(
+        decision, promote=False, reason=f"{margin.detail}; {refused}: {kept}", gates=(margin, *gates)
+    )
+
+
+def per_class_tag(per_class: tuple[float, ...] | list[float]) -> str:
+    """The :data:`ACCURACY_PER_CLASS_TAG` value: accuracies in label order, 6 decimals."""
+    return json.dumps([round(float(a), 6) for a in per_class])
+
+
+def parse_per_class(text: str | None) -> tuple[float, ...] | None:
+    """A :data:`ACCURACY_PER_CLASS_TAG` value back as accuracies, or None when missing or malformed."""
+    try:
+        values = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(values, list) or not all(parse_accuracy(str(v)) is not None for v in values):
+        return None
+    return tuple(float(v) for v in values)
 
 
 def decide_promotion(

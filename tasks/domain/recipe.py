@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -54,6 +55,8 @@ class Recipe:
         warmup_fraction: part of the training spent warming up (one-cycle only).
         architecture: the network trained: the tutorial's ``resnet18-1ch`` or ``resnet18-1ch-small``
             (a 3x3 stride-1 ``conv1`` for 28x28 images, half the widths; ``classifier_model.ARCHITECTURES``).
+        finetune_lr_factor, finetune_epoch_fraction: the fine-tuning schedule of a run warm-started from the
+            champion (:func:`fine_tuning`): this share of the learning rate, for this share of the epochs.
     """
 
     name: RecipeName
@@ -67,6 +70,8 @@ class Recipe:
     flip: bool = False
     warmup_fraction: float = 0.15
     architecture: str = TUTORIAL_ARCHITECTURE
+    finetune_lr_factor: float = 0.1
+    finetune_epoch_fraction: float = 0.3
 
     def record(self) -> dict[str, Any]:
         """The recipe as plain values, for MLflow tags and descriptions."""
@@ -102,6 +107,17 @@ def get_recipe(name: str, lr: float | None = None) -> Recipe:
     if lr < 0:
         raise ValueError(f"lr={lr!r} must be >= 0.")
     return dataclasses.replace(RECIPES[name], lr=float(lr))
+
+
+def fine_tuning(recipe: Recipe, epochs: int) -> tuple[Recipe, int]:
+    """The recipe and epochs of a run that starts from trained weights: a lower learning rate, fewer epochs.
+
+    Weights that already fit most of the data need small steps (a full one-cycle peak would undo them) and
+    less time: ``finetune_lr_factor`` of the learning rate for ``finetune_epoch_fraction`` of the epochs
+    (at least one).
+    """
+    tuned = dataclasses.replace(recipe, lr=recipe.lr * recipe.finetune_lr_factor)
+    return tuned, max(1, math.ceil(epochs * recipe.finetune_epoch_fraction))
 
 
 def make_optimizer(recipe: Recipe, parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:

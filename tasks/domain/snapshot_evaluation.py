@@ -14,12 +14,15 @@ Example::
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
+from typing import Any
 
 from tasks.domain.data_version import DataVersion, champion_snapshot
 from tasks.domain.evaluation import evaluate_model
+from tasks.domain.gates import SliceScore
 from tasks.domain.model_registry import Comparison, checkpoint_network, probe_digest, score_champion
 from tasks.domain.promotion import ChampionScore
-from tasks.domain.snapshot import Snapshot, read_snapshot
+from tasks.domain.snapshot import Snapshot, SnapshotEntry, read_snapshot
 from tasks.domain.snapshot_files import SnapshotReader
 from tasks.domain.snapshot_loading import decode_entries
 from tasks.domain.training_run import TrainingOutcome
@@ -60,5 +63,29 @@ def compare_on_snapshot(
             version=str(current.version), error=f"trained on other classes ({had}), so not comparable on these labels"
         )
     else:
-        champion = score_champion(model_name, tracking_uri, images, labels, test_id)
-    return Comparison(report=report, champion=champion, test_data_md5=test_id, probe=probe_digest(network, images))
+        champion = score_champion(
+            model_name, tracking_uri, images, labels, test_id, num_classes=len(version.spec.class_names)
+        )
+    return Comparison(
+        report=report,
+        champion=champion,
+        test_data_md5=test_id,
+        probe=probe_digest(network, images),
+        newest_slice=newest_batch_slice(entries, network, images, labels, version.spec.class_names),
+    )
+
+
+def newest_batch_slice(
+    entries: Sequence[SnapshotEntry], network: Any, images: Any, labels: Any, class_names: Sequence[str]
+) -> SliceScore | None:
+    """The network's accuracy on the test images of the newest batch (the last batch folder by name), if any.
+
+    ``entries`` are the test entries ``images`` and ``labels`` were decoded from, in the same order.
+    """
+    batches = sorted({e.batch for e in entries if e.batch})
+    if not batches:
+        return None
+    newest = batches[-1]
+    mine = [i for i, e in enumerate(entries) if e.batch == newest]
+    report = evaluate_model(network, images[mine], labels[mine], class_names)
+    return SliceScore(name=newest, accuracy=report.accuracy, images=len(mine))

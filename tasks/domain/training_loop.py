@@ -24,6 +24,7 @@ from torch.nn import CrossEntropyLoss
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainlib
+from tasks.domain.data_source import open_fs
 from tasks.domain.dataset_fetch import fetch_dataset
 from tasks.domain.idx_files import load_fashion_mnist_split
 from tasks.domain.image_spec import ImageSpec
@@ -98,6 +99,13 @@ def _snapshot_data(
     return train_loader, val_loader, len(shard.val_labels)
 
 
+def load_initial_weights(model: torch.nn.Module, weights_uri: str) -> None:
+    """Load a warm start's state dict at ``weights_uri`` (:mod:`tasks.domain.warm_start`) into ``model``."""
+    fs, path = open_fs(weights_uri)
+    with fs.open(path, "rb") as handle:
+        model.load_state_dict(torch.load(handle, map_location="cpu", weights_only=True))
+
+
 def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> None:
     """The training loop every worker runs. Reports loss and validation accuracy once per epoch.
 
@@ -134,6 +142,8 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
 
     start_epoch = 0
     checkpoint = trainlib.get_checkpoint()
+    if config.get("init_weights_uri") and not checkpoint:  # a warm start; a resumed run has its own weights
+        load_initial_weights(unwrap(model), config["init_weights_uri"])
     if checkpoint:
         with checkpoint.as_directory() as folder:
             unwrap(model).load_state_dict(torch.load(os.path.join(folder, MODEL_FILE), weights_only=True))
@@ -147,6 +157,7 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
     meter = None
     if rank == 0 and progress is not None:
         meter = ProgressMeter(progress, config["epochs"], len(train_loader), world_size)
+    first_step_loss = None  # this attempt's first training loss: a warm start's is the parent's, not ~ln(classes)
     for epoch in range(start_epoch, config["epochs"]):
         if world_size > 1 and hasattr(train_loader.sampler, "set_epoch"):
             train_loader.sampler.set_epoch(epoch)
@@ -157,6 +168,8 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
         for batch_images, batch_labels in train_loader:
             outputs = model(augment_batch(batch_images, recipe, background))
             loss = criterion(outputs, batch_labels)
+            if first_step_loss is None:
+                first_step_loss = loss.item()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -184,6 +197,7 @@ def train_func(config: dict[str, Any], progress: ProgressSink | None = None) -> 
             "loss": loss_sum / max(seen, 1),
             "val_loss": val_loss / max(val_seen, 1),
             "val_accuracy": val_correct / max(val_seen, 1),
+            "first_step_loss": first_step_loss,
         }
         with tempfile.TemporaryDirectory() as folder:
             if rank == 0:

@@ -55,6 +55,7 @@ class TrainingSettings:
         seed: seeds the model's initial weights and the data split.
         node_cache_dir: where each node keeps its verified copy of the staged data.
         placement_timeout_s: how long to wait for the cluster to grant the workers.
+        init_weights_uri: the initial weights of a warm start (:mod:`tasks.domain.warm_start`); None: random.
     """
 
     run_name: str
@@ -74,6 +75,7 @@ class TrainingSettings:
     val_fraction: float = 0.1
     checkpoint_score_order: str = "max"
     placement_strategy: str = "PACK"
+    init_weights_uri: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +137,7 @@ def training_config(settings: TrainingSettings, dataset: StagedDataset | DataVer
         "batch_size": settings.batch_size,
         "epochs": settings.epochs,
         "seed": settings.seed,
+        "init_weights_uri": settings.init_weights_uri,
     }
 
 

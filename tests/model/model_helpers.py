@@ -220,3 +220,61 @@ def post_invocations(url: str, payload: dict) -> tuple[int, dict]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+def challenger_outcome(root, tracking_uri: str, network: torch.nn.Module, name: str):
+    """A checkpoint folder under ``root`` and an MLflow run for ``network``, as the training step leaves them."""
+    from mlflow import MlflowClient
+
+    from tasks.domain.network import MODEL_FILE
+    from tasks.domain.training_run import TrainingOutcome
+
+    folder = root / name
+    folder.mkdir()
+    torch.save(network.state_dict(), folder / MODEL_FILE)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name("promotion") or client.get_experiment(
+        client.create_experiment("promotion", artifact_location=str(root / "artifacts"))
+    )
+    run = client.create_run(experiment.experiment_id, run_name=name)
+    return TrainingOutcome(
+        run_path=str(root),
+        checkpoint_uri=str(folder),
+        metrics={},
+        history=[],
+        mlflow_run_id=run.info.run_id,
+        seconds=0.0,
+        architecture=default_architecture(),
+    )
+
+
+def evaluate_and_register(
+    root,
+    tracking_uri: str,
+    model_name: str,
+    network: torch.nn.Module,
+    name: str,
+    min_margin: float,
+    n_test: int = 300,
+    gates=None,
+):
+    """What the evaluate and register steps do: both models on the same ``n_test`` images, then the rule and
+    ``gates`` (a ``GateSettings``). Returns the challenger's report, the champion's score and the registration."""
+    from tasks.domain.dataset_registry import get_dataset_spec
+    from tasks.domain.evaluation import evaluate_model
+    from tasks.domain.model_package import ModelCard
+    from tasks.domain.model_registry import Comparison, probe_digest, register_and_promote, score_champion
+
+    images, labels = real_images(False, n_test)
+    training = challenger_outcome(root, tracking_uri, network, name)
+    class_names = get_dataset_spec("fashion-mnist").class_names
+    report = evaluate_model(network, images, labels, class_names)
+    champion = score_champion(model_name, tracking_uri, images, labels, "test-md5", len(class_names))
+    comparison = Comparison(
+        report=report, champion=champion, test_data_md5="test-md5", probe=probe_digest(network, images)
+    )
+    card = ModelCard(dataset=dataset_identity(), recipe={"name": name})
+    registration = register_and_promote(
+        training, comparison, card, model_name, tracking_uri, min_margin=min_margin, gates=gates
+    )
+    return report, champion, registration

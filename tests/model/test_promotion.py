@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from model_helpers import dataset_identity, default_architecture, needs_data, real_images, tiny_trained_network
+from model_helpers import default_architecture, evaluate_and_register, needs_data, real_images, tiny_trained_network
 
 pytestmark = [pytest.mark.integration, needs_data]
 
@@ -21,51 +21,9 @@ def registry(tmp_path_factory):
     return {"uri": f"sqlite:///{root}/mlflow.db", "root": root}
 
 
-def _challenger(registry, network: torch.nn.Module, name: str):
-    """A checkpoint folder and an MLflow run for ``network``, as the training step leaves them."""
-    from mlflow import MlflowClient
-
-    from tasks.domain.network import MODEL_FILE
-    from tasks.domain.training_run import TrainingOutcome
-
-    folder = registry["root"] / name
-    folder.mkdir()
-    torch.save(network.state_dict(), folder / MODEL_FILE)
-    client = MlflowClient(tracking_uri=registry["uri"])
-    experiment = client.get_experiment_by_name("promotion") or client.get_experiment(
-        client.create_experiment("promotion", artifact_location=str(registry["root"] / "artifacts"))
-    )
-    run = client.create_run(experiment.experiment_id, run_name=name)
-    return TrainingOutcome(
-        run_path=str(registry["root"]),
-        checkpoint_uri=str(folder),
-        metrics={},
-        history=[],
-        mlflow_run_id=run.info.run_id,
-        seconds=0.0,
-        architecture=default_architecture(),
-    )
-
-
 def _evaluate_and_register(registry, network, name: str, min_margin: float):
-    """What the evaluate and register steps do: both models on the same images, then the rule."""
-    from tasks.domain.dataset_registry import get_dataset_spec
-    from tasks.domain.evaluation import evaluate_model
-    from tasks.domain.model_package import ModelCard
-    from tasks.domain.model_registry import Comparison, probe_digest, register_and_promote, score_champion
-
-    images, labels = real_images(False, N_TEST)
-    training = _challenger(registry, network, name)
-    report = evaluate_model(network, images, labels, get_dataset_spec("fashion-mnist").class_names)
-    champion = score_champion(MODEL_NAME, registry["uri"], images, labels, "test-md5")
-    comparison = Comparison(
-        report=report, champion=champion, test_data_md5="test-md5", probe=probe_digest(network, images)
-    )
-    card = ModelCard(dataset=dataset_identity(), recipe={"name": name})
-    return (
-        report,
-        champion,
-        register_and_promote(training, comparison, card, MODEL_NAME, registry["uri"], min_margin=min_margin),
+    return evaluate_and_register(
+        registry["root"], registry["uri"], MODEL_NAME, network, name, min_margin, n_test=N_TEST
     )
 
 
