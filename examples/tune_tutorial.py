@@ -2,8 +2,9 @@
 the Ray Train v2 way: a Tune function trainable builds and fits a trainer per trial, and Ray Tune's own
 ``TuneReportCallback`` reports each trial's metrics (and checkpoint path) back to Tune.
 
-Run: ``python examples/tune_tutorial.py [--epochs 2] [--data /path/to/fashion-mnist]`` (the data folder holds the
-four official ``.gz`` files; without it torchvision downloads them). Each trial's trainer needs 2 worker CPUs; the
+Run from the repository's root: ``PYTHONPATH=. python examples/tune_tutorial.py [--epochs 2] [--images 1024]
+[--data ../shared/datasets/fashion-mnist]`` (the data folder holds the four official ``.gz`` files; without it
+torchvision downloads them). Each trial's trainer needs 2 worker CPUs; the
 trial itself reserves no CPU (it only drives its trainer), and ``max_concurrent_trials`` keeps the trials' workers
 within the machine's CPUs, so no trial waits for CPUs that another trial's driver holds.
 """
