@@ -80,6 +80,8 @@ def run_once(example: str, framework: str, args: argparse.Namespace) -> dict:
             f.write(script_text(example, framework, args.epochs, args.images))
         env = {**os.environ, "TMPDIR": tmpdir, "RAY_TMPDIR": "/tmp", "HOME": folder, "PYTHONPATH": REPO}
         env.pop("RAY_ADDRESS", None)
+        if framework == "ray":  # Ray's own ray.init() would join any cluster this machine last started
+            env["RAY_ADDRESS"] = "local"
         started = time.time()
         proc = subprocess.run([sys.executable, script], cwd=folder, env=env, capture_output=True, text=True)
         wall = time.time() - started

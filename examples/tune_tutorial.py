@@ -85,7 +85,9 @@ def main() -> None:
         from tasks.domain.torchvision_layout import torchvision_layout
 
         torchvision_layout(args.data, data_root)
-    ray.init()
+    # A new local Ray unless RAY_ADDRESS names a cluster (a bare ray.init() would join whatever cluster this
+    # machine started last).
+    ray.init(address=os.environ.get("RAY_ADDRESS", "local"))
     cpus = int(ray.cluster_resources()["CPU"])
     tuner = ray.tune.Tuner(
         # Tune refuses an empty resource request: a byte of memory reserves a place for the trial and no CPU.
