@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         f"`python bench/bench_frameworks.py --epochs {args.epochs} --images {args.images} --repeats {args.repeats}`, "
         f"{when}, 2 CPU workers, {os.cpu_count()} cores; load average {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after (a shared machine: compare within this table only). Medians of "
-        f"{args.repeats} run(s).",
+        f"{args.repeats} run(s). steps/s: optimizer steps per worker / `fit()`'s wall, start-up (workers, process "
+        "group, imports) included: with this few steps it measures the whole `fit()`, not a steady training rate.",
         "",
         "| example | framework | wall (s) | fit() (s) | steps per worker | steps/s |",
         "|---|---|---|---|---|---|",
