@@ -14,6 +14,7 @@ import re
 from typing import Any, Literal
 
 from trainlib._internal import tunables
+from trainlib._internal.ray_callbacks import RayUserCallback, is_ray_user_callback
 from trainlib._internal.util.validation import require_number
 
 # Defined in scaling.py; importable from here too, as it always was (run folders pickle it under this name).
@@ -22,7 +23,8 @@ from trainlib.scaling import ScalingConfig
 __all__ = ["CheckpointConfig", "FailureConfig", "RunConfig", "ScalingConfig"]
 
 MAX_RUN_NAME_LENGTH = 200
-_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# '=' too: Ray Train's Tune pattern names runs f"train-trial_id={trial_id}".
+_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]*$")
 
 
 @dataclasses.dataclass
@@ -163,7 +165,8 @@ class RunConfig:
             credentials, ...). Never logged or written to storage.
         checkpoint_config: checkpoint retention, see :class:`CheckpointConfig`.
         failure_config: restarts on failure, see :class:`FailureConfig`.
-        callbacks: driver-side callbacks (for instance ``trainlib.mlflow.MLflowLogger``).
+        callbacks: driver-side callbacks (for instance ``trainlib.mlflow.MLflowLogger``); Ray Train v2
+            ``UserCallback`` objects (Ray Tune's ``TuneReportCallback``) are called through trainlib's hooks.
         if_exists: what to do when ``storage_path/name`` holds a run already.
             ``"resume"`` (default) continues an unfinished run from its latest
             committed checkpoint and refuses a finished one; ``"overwrite"``
@@ -192,7 +195,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.name is not None and (not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name)):
             raise ValueError(
-                f"RunConfig.name={self.name!r} is invalid: use letters, digits, '.', '_' or '-' "
+                f"RunConfig.name={self.name!r} is invalid: use letters, digits, '.', '_', '=' or '-' "
                 "(it becomes a folder name), e.g. RunConfig(name='fashion-mnist')."
             )
         if self.name is not None and len(self.name) > MAX_RUN_NAME_LENGTH:
@@ -227,7 +230,7 @@ class RunConfig:
             raise TypeError("RunConfig.checkpoint_config must be a trainlib.CheckpointConfig.")
         if not isinstance(self.failure_config, FailureConfig):
             raise TypeError("RunConfig.failure_config must be a trainlib.FailureConfig.")
-        self.callbacks = list(self.callbacks or [])
+        self.callbacks = [RayUserCallback(c) if is_ray_user_callback(c) else c for c in self.callbacks or []]
         if self.if_exists not in IF_EXISTS_CHOICES:
             raise ValueError(
                 f"RunConfig.if_exists={self.if_exists!r} is invalid: use one of {', '.join(IF_EXISTS_CHOICES)}."

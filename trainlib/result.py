@@ -17,6 +17,27 @@ from trainlib.config import CheckpointConfig
 from trainlib.errors import TrainingFailedError
 
 
+class _PyarrowFilesystem:
+    """``Result.filesystem``: the pyarrow filesystem made on first use from the storage's (importing pyarrow takes
+    a moment that a ``fit()`` whose caller never looks should not pay), or the one set."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._key = f"_{name}_value"
+
+    def __get__(self, result: Any, owner: type | None = None) -> Any:
+        if result is None:  # the dataclass's default for the field
+            return None
+        value = result.__dict__.get(self._key)
+        if value is None and result._fs is not None:
+            from trainlib._internal.util.filesystem import as_pyarrow
+
+            value = result.__dict__[self._key] = as_pyarrow(result._fs)
+        return value
+
+    def __set__(self, result: Any, value: Any) -> None:
+        result.__dict__[self._key] = value
+
+
 @dataclasses.dataclass
 class Result:
     """The outcome of a training run.
@@ -51,12 +72,13 @@ class Result:
     path: str
     error: BaseException | None = None
     best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = dataclasses.field(default_factory=list)
-    filesystem: Any = dataclasses.field(default=None, repr=False)
+    filesystem: Any = _PyarrowFilesystem()  # a descriptor-typed field: its default is None
     return_value: Any = dataclasses.field(default=None, repr=False)
     # The metrics log's rows; the DataFrame is built from them on first use, so fit() does
     # not import pandas (~0.5 s, ~70 MB) for a caller that never looks.
     _metrics_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
     _uri: str | None = dataclasses.field(default=None, repr=False)
+    _fs: Any = dataclasses.field(default=None, repr=False)  # trainlib's fsspec filesystem of the storage
 
     @property
     def uri(self) -> str:
@@ -129,8 +151,11 @@ class Result:
             error=error,
             _metrics_rows=rows,
             best_checkpoints=[(Checkpoint(c.path, storage.fs), c.metrics) for c in best],
-            filesystem=_pyarrow_filesystem(filesystem, storage),
+            filesystem=filesystem
+            if filesystem is not None and not isinstance(filesystem, fsspec.AbstractFileSystem)
+            else None,
             _uri=storage.uri(),
+            _fs=storage.fs,
         )
 
     @classmethod
@@ -164,15 +189,6 @@ class Result:
         return cls.from_storage(
             storage, CheckpointConfig(**record.checkpoint_config), error, filesystem=storage_filesystem
         )
-
-
-def _pyarrow_filesystem(given: Any, storage: RunStorage) -> Any:
-    """``Result.filesystem``: a given pyarrow filesystem itself, else the pyarrow form of the storage's."""
-    from trainlib._internal.util.filesystem import as_pyarrow
-
-    if given is not None and not isinstance(given, fsspec.AbstractFileSystem):
-        return given
-    return as_pyarrow(storage.fs)
 
 
 def _dataframe_row(row: dict[str, Any]) -> dict[str, Any]:

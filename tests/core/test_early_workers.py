@@ -57,5 +57,5 @@ def test_a_before_run_that_stops_the_run_leaves_nothing_running(ray_session, sto
     assert not [
         pg
         for pg in ray.util.placement_group_table().values()
-        if pg["name"] == "trainlib-workers" and pg["state"] != "REMOVED"
+        if pg["name"].startswith("trainlib-workers") and pg["state"] != "REMOVED"
     ]

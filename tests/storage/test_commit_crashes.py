@@ -305,3 +305,21 @@ def test_reads_during_an_outage_raise_a_storage_error_not_a_raw_one(tmp_path, fa
         down.committed_checkpoints()
     with pytest.raises(StorageError, match="metrics.jsonl.*reachable"):
         down.read_metrics_log()
+
+
+def test_a_storage_url_with_query_parameters_is_opened_by_pyarrow_and_given_back_without_secrets():
+    import pyarrow.fs
+
+    from trainlib._internal.util.filesystem import as_pyarrow, resolve_filesystem, to_uri
+    from trainlib.errors import StorageError
+
+    url = "s3://bucket/runs?endpoint_override=http://127.0.0.1:9&region=eu-west-1"
+    fs, path = resolve_filesystem(url)
+    assert path == "bucket/runs" and isinstance(as_pyarrow(fs), pyarrow.fs.S3FileSystem)
+    assert as_pyarrow(fs).region == "eu-west-1"
+    assert to_uri(fs, "bucket/runs/run") == "s3://bucket/runs/run?endpoint_override=http://127.0.0.1:9&region=eu-west-1"
+    with pytest.raises(StorageError) as info:  # pyarrow takes no credentials in the URL: refused, never echoed
+        resolve_filesystem(url + "&secret_key=TOPSECRET")
+    assert "TOPSECRET" not in str(info.value) and "secret_key" in str(info.value)
+    with pytest.raises(StorageError, match="storage_options"):
+        resolve_filesystem(url, storage_options={"anon": True})

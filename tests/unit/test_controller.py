@@ -445,3 +445,11 @@ def test_preemption_grace_is_not_added_to_other_failures(storage):
 def test_preemption_settings_are_checked(kwargs, match):
     with pytest.raises((TypeError, ValueError), match=match):
         FailureConfig(**kwargs)
+
+
+def test_run_names_take_rays_tune_pattern_but_no_path():
+    from trainlib.config import RunConfig
+
+    assert RunConfig(name="train-trial_id=54b65_00003").name == "train-trial_id=54b65_00003"
+    with pytest.raises(ValueError, match="RunConfig.name='a/b' is invalid"):
+        RunConfig(name="a/b")

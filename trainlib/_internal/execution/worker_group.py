@@ -9,6 +9,7 @@ into typed messages for the controller (``messages.py``).
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 import ray
@@ -75,7 +76,9 @@ class RayWorkerGroup:
         bundles = [self.scaling.worker_resources for _ in range(self.num_workers)]
         selectors = self.scaling.label_selectors(self.num_workers)
         labels = {"bundle_label_selector": selectors} if selectors else {}
-        self._pg = placement_group(bundles, strategy=self.scaling.placement_strategy, name="trainlib-workers", **labels)
+        # Named for people reading Ray's state; unique, as runs of one Ray job (Tune trials) share its namespace.
+        name = f"trainlib-workers-{uuid.uuid4().hex[:8]}"
+        self._pg = placement_group(bundles, strategy=self.scaling.placement_strategy, name=name, **labels)
         cpus, gpus = self.scaling.num_cpus_per_worker, self.scaling.num_gpus_per_worker
         custom = self.scaling.additional_resources_per_worker
         actor_cls = ray.remote(TrainWorker)
