@@ -67,6 +67,15 @@ BENCHMARKS: dict[str, Benchmark] = {
     "recipe": Benchmark("bench_recipe.py", (), "the recipes on a subset of FashionMNIST: test accuracy"),
     "model": Benchmark("bench_model.py", (), "the registered model: pyfunc images/s, batch scoring, served latency"),
     "gpu": Benchmark("gpu_check.py", (), "on a CUDA machine: tests/gpu, then local mode vs plain PyTorch steps/s"),
+    "data": Benchmark(
+        "bench_data.py", (), "a 70,000-PNG folder source: listing and hashing, decoding against ImageFolder"
+    ),
+    "weekly": Benchmark(
+        "bench_weekly.py", (), "the continuous-training walk-through: a base set, five weekly batches, a quiet week"
+    ),
+    "frameworks": Benchmark(
+        "bench_frameworks.py", (), "Ray Train's Lightning and Transformers examples on trainlib and on Ray Train"
+    ),
 }
 
 
