@@ -184,9 +184,14 @@ def test_training_function_reaches_a_node_without_its_module(cluster, s3):
     # cyclic collector, which is back on, their survivors frozen (bulk_imports.py).
     assert result.metrics["collector"] == [True, True]
     assert result.checkpoint.uri.startswith(f"s3://{BUCKET}/runs/")
-    # The run reads back from S3 (as Result.from_path does for any past run).
-    back = trainlib.Result.from_path(result.path)
-    assert back.metrics["step"] == 3 and back.checkpoint.uri == result.checkpoint.uri
+    # The run reads back from S3 (as Result.from_path does for any past run): by its URL, or as Ray Train's users
+    # do, by its scheme-less path and filesystem.
+    assert result.path == result.uri.removeprefix("s3://")
+    for back in (
+        trainlib.Result.from_path(result.uri),
+        trainlib.Result.from_path(result.path, storage_filesystem=result.filesystem),
+    ):
+        assert back.metrics["step"] == 3 and back.checkpoint.uri == result.checkpoint.uri
 
 
 # -- the pipeline on the cluster --------------------------------------------------------------------
