@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "false")
     print(f"Prefect server: {server.api_url} ({server.how})", flush=True)
 
-    from flows.pipeline import PipelineSummary, resolve_run, training_pipeline
+    from flows.pipeline import resolve_run, training_pipeline
+    from flows.summary import PipelineSummary
 
     with Lifeline(server.api_url):  # prompt stop on Ctrl-C / SIGTERM, or when the Prefect API is gone
         state = training_pipeline(params, return_state=True)

@@ -15,8 +15,6 @@ reserves no CPU/GPU: its DDP workers hold them.
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.context import get_run_context
@@ -28,6 +26,7 @@ from flows.heartbeats import end_flow_runs_without_joining_heartbeats
 from flows.params import PipelineParams, default_model_name
 from flows.preflight import check_services
 from flows.progress_display import ProgressDisplay
+from flows.summary import PipelineSummary, StageTimes, Stopwatch
 from flows.task_runner import (
     check_cluster_reach,
     cluster_address,
@@ -45,7 +44,7 @@ from tasks.domain.data_source import check_source, is_builtin
 from tasks.domain.data_validation import ValidationSettings
 from tasks.domain.data_version import DataVersion, snapshot_location
 from tasks.domain.dataset_registry import get_dataset_spec
-from tasks.domain.gates import GateResult, GateSettings, SliceScore
+from tasks.domain.gates import GateSettings
 from tasks.domain.home import PipelineHome
 from tasks.domain.lineage import dataset_identity, source_tags
 from tasks.domain.model_package import ModelCard
@@ -97,85 +96,6 @@ class PipelineRun:
     data_cache_dir: str
     mlflow_tracking_uri: str
     tags: dict[str, str]
-
-
-@dataclasses.dataclass(frozen=True)
-class StageTime:
-    """How long one step took: ``seconds`` (monotonic) and its wall-clock window (``time.time()``)."""
-
-    seconds: float
-    started_at: float
-    ended_at: float
-
-
-@dataclasses.dataclass(frozen=True)
-class StageTimes:
-    """The time of each of the pipeline's four steps."""
-
-    download: StageTime
-    train: StageTime
-    evaluate: StageTime
-    register: StageTime
-
-    def seconds(self) -> dict[str, float]:
-        """Step name -> seconds, for printing and benchmark records."""
-        return {field.name: getattr(self, field.name).seconds for field in dataclasses.fields(self)}
-
-
-class _Stopwatch:
-    """Times the block it guards; ``time`` is its :class:`StageTime` once the block ends."""
-
-    time: StageTime
-
-    def __enter__(self) -> _Stopwatch:
-        self._started, self._wall = time.perf_counter(), time.time()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.time = StageTime(time.perf_counter() - self._started, self._wall, time.time())
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineSummary:
-    """What one pipeline run produced, as the flow returns it.
-
-    Attributes:
-        run_path, checkpoint, mlflow_run_id: the training run's folder, the evaluated checkpoint, its MLflow run.
-        model_name, model_version, champion_version: the registered version and the champion after this run.
-        promoted, decision: whether the new version became champion, and why (a sentence).
-        gates: each promotion gate's outcome (the margin first), as tagged on the version.
-        newest_slice: the new version's accuracy on the newest batch's test images (None: no batches).
-        test_accuracy, test_loss: the evaluation on the test split.
-        champion_test_accuracy: the previous champion's accuracy on the same images (None: there was none).
-        recipe: the training recipe's name.
-        downloaded_files: data-set files fetched from a mirror by this run (empty: all from the cache).
-        training_metrics: the last report's metrics.
-        fit_seconds: trainlib's ``fit()`` wall time (0 when a finished training was read back).
-        stage_times: seconds and wall-clock window of each step (download, train, evaluate, register); the
-            windows are for benchmarks that sample other processes. ``download`` is the snapshot and validation
-            steps for a user's data.
-        data_digest: the data version (the snapshot's digest) of a user's data; None for a built-in set.
-    """
-
-    run_path: str
-    checkpoint: str
-    mlflow_run_id: str | None
-    model_name: str
-    model_version: str
-    champion_version: str
-    promoted: bool
-    decision: str
-    test_accuracy: float
-    test_loss: float
-    champion_test_accuracy: float | None
-    recipe: str
-    downloaded_files: list[str]
-    training_metrics: dict[str, Any]
-    fit_seconds: float
-    stage_times: StageTimes
-    data_digest: str | None = None
-    gates: tuple[GateResult, ...] = ()
-    newest_slice: SliceScore | None = None
 
 
 def gate_settings(params: PipelineParams) -> GateSettings:
@@ -239,7 +159,7 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
     params = run.params
     check_cluster_reach(current_api_url(), run.mlflow_tracking_uri, run.training.storage_path, params.mirrors)
     report, register_tags = None, dict(run.tags)
-    with _Stopwatch() as download_time:
+    with Stopwatch() as download_time:
         if is_builtin(params.source):
             staged = download_dataset.submit(
                 params.source, params.mirrors, run.data_cache_dir, join_url(run.training.storage_path, "datasets")
@@ -279,7 +199,7 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
             training_settings.recipe.lr,
         )
 
-    with _Stopwatch() as train_time:
+    with Stopwatch() as train_time:
         board = ProgressBoard.create()  # rank 0 tells it where it is within the epoch; the display reads it
         display = ProgressDisplay(
             board,
@@ -302,13 +222,13 @@ def _run_steps(run: PipelineRun) -> PipelineSummary:
         finally:
             board.remove()
 
-    with _Stopwatch() as evaluate_time, remote_options(num_cpus=largest_node_cpus()):  # the workers are done
+    with Stopwatch() as evaluate_time, remote_options(num_cpus=largest_node_cpus()):  # the workers are done
         comparison = evaluate.submit(
             training, staged, run.data_cache_dir, params.test_limit, run.mlflow_tracking_uri, params.model_name
         ).result()
     report = comparison.report
 
-    with _Stopwatch() as register_time:
+    with Stopwatch() as register_time:
         if isinstance(staged, DataVersion):
             card = ModelCard(dataset=staged.identity(), recipe=run.training.recipe.record(), image_spec=staged.spec)
         else:

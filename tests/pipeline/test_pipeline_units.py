@@ -347,11 +347,11 @@ def test_stage_times_are_typed_and_name_every_step():
     import pickle
     import time
 
-    from flows.pipeline import StageTimes, _Stopwatch
+    from flows.summary import StageTimes, Stopwatch
 
     watches = []
     for _ in range(4):
-        with _Stopwatch() as watch:
+        with Stopwatch() as watch:
             time.sleep(0.01)
         watches.append(watch.time)
     times = StageTimes(*watches)
