@@ -62,10 +62,10 @@ def prepare_warm_start(
     import mlflow
     from mlflow import MlflowClient
 
-    from tasks.domain.model_registry import champion_model_version
+    from tasks.domain.champion import alias_version
     from trainlib.mlflow import using_tracking_uri
 
-    version = champion_model_version(MlflowClient(tracking_uri=tracking_uri), model_name)
+    version = alias_version(MlflowClient(tracking_uri=tracking_uri), model_name)
     if version is None:
         raise WarmStartError(
             f"init_from='champion': {model_name} has no champion in {tracking_uri} to start from: "

@@ -269,7 +269,7 @@ def evaluate_and_register(
     training = challenger_outcome(root, tracking_uri, network, name)
     class_names = get_dataset_spec("fashion-mnist").class_names
     report = evaluate_model(network, images, labels, class_names)
-    champion = score_champion(model_name, tracking_uri, images, labels, "test-md5", len(class_names))
+    champion = score_champion(model_name, tracking_uri, images, labels, "test-md5", num_classes=len(class_names))
     comparison = Comparison(
         report=report, champion=champion, test_data_md5="test-md5", probe=probe_digest(network, images)
     )
