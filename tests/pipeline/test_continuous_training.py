@@ -30,7 +30,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 needs_data = pytest.mark.skipif(
     not os.path.isdir(FASHION_MNIST_MIRROR), reason=f"the FashionMNIST mirror {FASHION_MNIST_MIRROR} is missing"
 )
-MODEL = "fashion-mnist-resnet18"  # the deployment's default, so its triggered runs find this module's champion
+# The default model name of a source folder named "source" (flows.params.default_model_name): the triggered runs,
+# which name no model, find this module's champion under it.
+MODEL = "source-resnet18"
 POOL = "trainlib-process"  # as in prefect.yaml
 DEPLOYMENT = "fashion-mnist-retrain"
 BIN = os.path.dirname(sys.executable)
@@ -226,6 +228,9 @@ def test_data_events_trigger_deployment_runs_and_a_burst_queues(loop):
     the test above, so the run ends in seconds); two events in a burst give two runs, one after the other."""
     from mlflow import MlflowClient
 
+    from flows.params import default_model_name
+
+    assert default_model_name(loop["source"]) == MODEL  # what a triggered run, naming no model, registers under
     client = MlflowClient(tracking_uri=loop["locations"]["mlflow_tracking_uri"])
     if not client.search_model_versions(f"name = '{MODEL}'"):
         pytest.skip("needs the champion of the test above")
