@@ -46,7 +46,7 @@ def decode_image(data: bytes, channels: int) -> torch.Tensor:
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as image:
-        array = np.asarray(image.convert(CHANNEL_MODES[channels]), dtype=np.uint8)
+        array = np.array(image.convert(CHANNEL_MODES[channels]), dtype=np.uint8)  # writable: torch takes it as is
     if array.ndim == 2:
         array = array[:, :, None]
     return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
