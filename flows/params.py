@@ -39,12 +39,17 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 DEFAULT_DATASET = "fashion-mnist"
 
 
-def default_model_name(source: str) -> str:
-    """The registered model a data source's runs use unless told otherwise: ``<name>-resnet18``, where the name is a
-    built-in data set's, or the last part of a folder's or manifest's path (``s3://bucket/pets`` -> ``pets``)."""
+def data_name(source: str) -> str:
+    """A data source's short name: a built-in data set's, or the last part of a folder's or manifest's path
+    (``s3://bucket/pets`` -> ``pets``, ``/data/labels.csv`` -> ``labels``)."""
     name = posixpath.basename(source.split("?", 1)[0].rstrip("/\\")) or source
     name = re.sub(r"\.(csv|parquet)$", "", name, flags=re.IGNORECASE)
-    return f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', name).strip('-.') or 'images'}-resnet18"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "images"
+
+
+def default_model_name(source: str) -> str:
+    """The registered model a data source's runs use unless told otherwise: ``<data_name>-resnet18``."""
+    return f"{data_name(source)}-resnet18"
 
 
 class PipelineParamsError(ValueError):
@@ -119,7 +124,12 @@ class PipelineParams(BaseModel):
         description="MLflow tracking server or store (default: $MLFLOW_TRACKING_URI, else "
         "sqlite:///$TRAINLIB_HOME/mlflow.db).",
     )
-    experiment_name: str = Field("fashion-mnist", min_length=1, max_length=200, description="MLflow experiment.")
+    experiment_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="MLflow experiment (default: the data's name: the built-in set's, or the folder's or manifest's).",
+    )
     min_margin: float = Field(
         DEFAULT_MIN_MARGIN,
         ge=0,
@@ -193,12 +203,14 @@ class PipelineParams(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _model_name_of_the_dataset(cls, values: Any) -> Any:
-        # Each data set registers under its own name by default: a champion is only ever compared on its own data.
-        if isinstance(values, dict) and values.get("model_name") is None:
-            values = {
-                **values,
-                "model_name": default_model_name(values.get("data") or values.get("dataset") or DEFAULT_DATASET),
-            }
+        # Each data set registers under its own name (and logs to its own experiment) by default: a champion is only
+        # ever compared on its own data.
+        if isinstance(values, dict):
+            source = values.get("data") or values.get("dataset") or DEFAULT_DATASET
+            if values.get("model_name") is None:
+                values = {**values, "model_name": default_model_name(source)}
+            if values.get("experiment_name") is None:
+                values = {**values, "experiment_name": data_name(source)}
         return values
 
     @model_validator(mode="after")

@@ -189,7 +189,7 @@ def test_an_rgb_source_trains_a_three_channel_network_on_the_snapshot_its_run_to
         weights = torch.load(os.path.join(folder, "model.pt"), weights_only=True)
     assert weights["conv1.weight"].shape[1] == 3 and weights["fc.weight"].shape[0] == 3
     (run,) = _mlflow(services).search_runs(
-        [_mlflow(services).get_experiment_by_name("fashion-mnist").experiment_id], "attributes.run_name = 'shapes-1'"
+        [_mlflow(services).get_experiment_by_name("shapes").experiment_id], "attributes.run_name = 'shapes-1'"
     )
     assert 0 <= run.data.metrics["test_accuracy"] <= 1  # evaluated on the snapshot's test split
     report = _mlflow(services).download_artifacts(run.info.run_id, "evaluation/test_report.json", str(tmp_path))

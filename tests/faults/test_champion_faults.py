@@ -197,3 +197,14 @@ def test_each_data_set_registers_under_its_own_model_name_by_default():
     assert PipelineParams().model_name == "fashion-mnist-resnet18"
     assert PipelineParams(dataset="mnist").model_name == "mnist-resnet18"
     assert PipelineParams(dataset="mnist", model_name="mine").model_name == "mine"
+
+
+def test_a_users_data_registers_and_logs_under_its_own_name_by_default():
+    from flows.params import PipelineParams
+
+    pets = PipelineParams(data="s3://bucket/pets/")
+    assert (pets.model_name, pets.experiment_name) == ("pets-resnet18", "pets")
+    manifest = PipelineParams(data="/data/my labels.csv")
+    assert (manifest.model_name, manifest.experiment_name) == ("my-labels-resnet18", "my-labels")
+    assert PipelineParams().experiment_name == "fashion-mnist"
+    assert PipelineParams(data="/data/pets", experiment_name="team").experiment_name == "team"
