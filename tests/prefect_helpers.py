@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from conftest import PREFECT_TEST_SERVER_ENV, free_port
@@ -80,3 +82,15 @@ class PrefectServer:
             self.process.wait(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def prefect_api(api_url: str, path: str, body: dict | None = None, method: str = "POST"):
+    """One call of a Prefect server's REST API (``api_url`` ends in ``/api``): the decoded JSON answer."""
+    request = urllib.request.Request(
+        api_url + path,
+        data=json.dumps(body or {}).encode(),
+        headers={"Content-Type": "application/json"},
+        method=method,
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())

@@ -25,11 +25,10 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import pytest
 from conftest import FASHION_MNIST_MIRROR, REPO_ROOT, free_port
-from prefect_helpers import PrefectServer
+from prefect_helpers import PrefectServer, prefect_api
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -97,14 +96,7 @@ def deployed(services):
 
 
 def _api(services, path: str, body: dict | None = None, method: str = "POST"):
-    request = urllib.request.Request(
-        services["api_url"] + path,
-        data=json.dumps(body or {}).encode(),
-        headers={"Content-Type": "application/json"},
-        method=method,
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+    return prefect_api(services["api_url"], path, body, method)
 
 
 def _cli(services, *args: str, timeout: float = 120, check: bool = True) -> str:

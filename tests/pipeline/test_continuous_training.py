@@ -12,18 +12,16 @@ a folder source of real FashionMNIST PNGs.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 from conftest import FASHION_MNIST_MIRROR, REPO_ROOT
-from prefect_helpers import PrefectServer
+from prefect_helpers import PrefectServer, prefect_api
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -195,14 +193,7 @@ def _cli(loop, *args: str, timeout: float = 300) -> str:
 
 
 def _api(loop, path: str, body: dict | None = None, method: str = "POST"):
-    request = urllib.request.Request(
-        loop["api_url"] + path,
-        data=json.dumps(body or {}).encode(),
-        headers={"Content-Type": "application/json"},
-        method=method,
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+    return prefect_api(loop["api_url"], path, body, method)
 
 
 def _deployment_runs(loop, deployment_id: str) -> list[dict]:
