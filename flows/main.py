@@ -35,6 +35,7 @@ from tasks.domain.data_source import is_builtin
 from tasks.domain.dataset_fetch import MIRRORS_ENV_VAR
 from tasks.domain.home import DEFAULT_HOME, HOME_ENV_VAR, PipelineHome
 from tasks.domain.urls import expand_path, mask_url
+from tasks.domain.writable import folder_write_error
 from trainlib.errors import TrainlibError
 
 PROG = "trainlib-pipeline"
@@ -134,18 +135,13 @@ def parse_params(argv: list[str] | None = None) -> tuple[PipelineParams, argpars
 
 def home_problem(root: str) -> str | None:
     """Why the pipeline's home ``root`` cannot be used (made, then written: a probe file), or None."""
-    probe = os.path.join(root, f".write-probe-{os.getpid()}")
-    try:
-        os.makedirs(root, exist_ok=True)
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as exc:
-        return (
-            f"the pipeline's home {root} cannot be written ({type(exc).__name__}: {exc.strerror or exc}). Pass "
-            f"--home with a writable folder, or set ${HOME_ENV_VAR} to one."
-        )
-    return None
+    exc = folder_write_error(root)
+    if exc is None:
+        return None
+    return (
+        f"the pipeline's home {root} cannot be written ({type(exc).__name__}: {exc.strerror or exc}). Pass "
+        f"--home with a writable folder, or set ${HOME_ENV_VAR} to one."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ import pandas as pd
 from tasks.domain.champion import alias_version, registry_call
 from tasks.domain.image_source import ImageSet, ImageSourceError
 from tasks.domain.urls import mask_url
+from tasks.domain.writable import folder_write_error
 
 # image_id: the file's path relative to the source (folder) or as the manifest writes it, or the index in an
 # idx/.npy file; source_label: the label the source gives the image (its folder's name, the manifest's label).
@@ -307,14 +308,8 @@ def check_output_location(
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if protocol not in ("file", "local"):
         return
-    folder = os.path.dirname(os.path.abspath(path))
-    probe = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex}.probe")
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with open(probe, "wb"):
-            pass
-        os.remove(probe)
-    except OSError as exc:
+    exc = folder_write_error(os.path.dirname(os.path.abspath(path)))
+    if exc is not None:
         raise OutputLocationError(
             f"Cannot write the output {shown}: {type(exc).__name__}: {exc.strerror or exc}. Pass an output_url in a "
             "folder this process can write (checked before scoring, so nothing was scored)."
