@@ -53,6 +53,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     "ray_data": Benchmark(
         "bench_ray_data.py", (), "Ray Data vs DataLoader on the tutorial job, trainlib and Ray Train"
     ),
+    "parity": Benchmark(
+        "bench_parity.py", (), "FashionMNIST through the folder source vs the idx files: test accuracy, same recipe"
+    ),
     "scaling": Benchmark("bench_scaling.py", (), "the driver's cost per step and to the first step, 2 to 32 workers"),
     "pipeline": Benchmark(
         "bench_pipeline.py", ("--epochs", "1", "--epochs", "1"), "the pipeline, 1 epoch, twice in one home: overhead"
