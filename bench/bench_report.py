@@ -98,6 +98,7 @@ def run_job(framework: str, target: str, checkpoint: bool, reports: int, work_s:
 
     sys.path.insert(0, REPO)
     ray.init(
+        address="local",  # its own Ray, never a cluster some `ray start` left on the machine
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
