@@ -15,15 +15,14 @@ Writes bench/results/bulk_imports.{json,md}.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
 import subprocess
 import sys
 
-from bench_overhead import RESULTS, job_env
-from results_files import write_results
+from overhead_jobs import job_env
+from results_files import RESULTS, write_results
 
 PROBE = r"""
 import contextlib, json, sys, time
@@ -73,8 +72,7 @@ def main() -> int:
     lines = [
         "# A worker's imports with CPython's cyclic collector on and paused (bulk_imports.py)",
         "",
-        f"Reproduce: `python bench/bench_bulk_imports.py --repeats {args.repeats}` "
-        f"({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC). Fresh processes, modes alternated; "
+        f"Reproduce: `python bench/bench_bulk_imports.py --repeats {args.repeats}`. Fresh processes, modes alternated; "
         f"medians of {args.repeats}; CPU seconds of the process. {os.cpu_count()} cores; load average before "
         f"{load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}.",
         "",

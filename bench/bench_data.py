@@ -17,7 +17,6 @@ Writes ``bench/results/data.json`` and ``data.md``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
 import shutil
@@ -137,7 +136,6 @@ def main() -> None:
         rates[f"imagefolder_{threads}"] = imagefolder_rate(folder, args.decode_images, 0 if threads == 1 else 2)
     rates["step"] = step_rate()
     payload = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_average": os.getloadavg()},
         "files": count,
         "write_source_s": write_s,
@@ -147,7 +145,7 @@ def main() -> None:
     }
     ok = lambda good: "met" if good else "MISSED"  # noqa: E731
     lines = [
-        f"# Data benchmark ({payload['date']}, {os.cpu_count()} CPUs shared with other work: load average "
+        f"# Data benchmark ({os.cpu_count()} CPUs shared with other work: load average "
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} at the end)",
         "",
         f"Folder source: {count:,} PNGs (FashionMNIST via examples/fashion_mnist_to_folder.py; "

@@ -20,7 +20,6 @@ shared: compare the frameworks within one set, not across sets).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -131,12 +130,11 @@ def main(argv: list[str] | None = None) -> int:
                     "steps_per_s": statistics.median(r["steps_per_s"] for r in mine),
                 }
             )
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Ray Train's Lightning and Transformers examples: trainlib and Ray Train",
         "",
         f"`python bench/bench_frameworks.py --epochs {args.epochs} --images {args.images} --repeats {args.repeats}`, "
-        f"{when}, 2 CPU workers, {os.cpu_count()} cores; load average {load_before[0]:.1f} before, "
+        f"2 CPU workers, {os.cpu_count()} cores; load average {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after (a shared machine: compare within this table only). Medians of "
         f"{args.repeats} run(s). steps/s: optimizer steps per worker / `fit()`'s wall, start-up (workers, process "
         "group, imports) included: with this few steps it measures the whole `fit()`, not a steady training rate.",

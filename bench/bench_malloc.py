@@ -21,7 +21,6 @@ Per configuration and rank: the median step time over steps 6-40, minor page fau
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import resource
 import statistics
@@ -133,7 +132,6 @@ def main() -> None:
         for config in CONFIGS
     }
     payload = {
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", "bench/bench_malloc.py", *sys.argv[1:]]),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
@@ -145,7 +143,7 @@ def main() -> None:
     lines = [
         "# glibc malloc and the training step",
         "",
-        f"`{payload['command']}` on {payload['created']}: 2 DDP ranks (gloo, 1 thread each) on 2 CPUs, the "
+        f"`{payload['command']}`: 2 DDP ranks (gloo, 1 thread each) on 2 CPUs, the "
         f"tutorial's ResNet18 on FashionMNIST, batches of 128; medians over {args.rounds} round(s) x 2 ranks of "
         f"steps {WARMUP + 1}-{STEPS}. Load average before {load_before[0]:.2f}, after {payload['load_average_after'][0]:.2f}.",
         "",

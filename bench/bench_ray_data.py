@@ -13,7 +13,6 @@ tasks and actors, the workers). Writes ``<results-dir>/ray_data.json`` and ``ray
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -23,8 +22,9 @@ import sys
 import tempfile
 import time
 
-import psutil
-from bench_overhead import JOBS, REPO, TreeSampler, job_env, machine_info
+from overhead_jobs import JOBS, REPO, job_env
+from overhead_report import machine_info
+from process_tree import wait_sampled
 from results_files import write_results
 
 VARIANTS = {
@@ -62,20 +62,9 @@ def run_once(variant: str, args: argparse.Namespace, data_root: str, workdir: st
     with open(os.path.join(run_dir, "log.txt"), "wb") as log:
         t0 = time.time()
         proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(), stdout=log, stderr=subprocess.STDOUT)
-        sampler = TreeSampler(proc.pid, 0.2)
-        sampler.start()
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-        wall = time.time() - t0
-        sampler.stop()
-    for p in sampler.leftovers(grace_s=10.0):
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+        rc, t_exit, sampler = wait_sampled(proc, 0.2, args.timeout)
+        wall = t_exit - t0
+    sampler.end_leftovers(grace_s=10.0)
     record = {"variant": variant, "returncode": rc, "wall_s": wall, "peak_rss_bytes": sampler.peak_bytes}
     rank0 = os.path.join(out, "rank0.json")
     if rc != 0 or not os.path.exists(rank0):
@@ -135,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     report = {
-        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "settings": {
             "steps": args.steps,
             "repeats": args.repeats,
@@ -152,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Ray Data vs DataLoader on the tutorial job",
         "",
-        f"Reproduce: `python bench/bench_ray_data.py --steps {args.steps} --repeats {args.repeats}`; written "
-        f"{report['created']}. ResNet18 on the real FashionMNIST, 2 workers x batch {BATCH}, {args.steps} steps, "
+        f"Reproduce: `python bench/bench_ray_data.py --steps {args.steps} --repeats {args.repeats}`. ResNet18 on the real FashionMNIST, 2 workers x batch {BATCH}, {args.steps} steps, "
         f"median of {args.repeats} fresh-process run(s); steady state skips {args.warmup_steps} steps. "
         f"Load average before/after: {load_before[0]:.2f} / {report['load_average_after'][0]:.2f}.",
         "",

@@ -19,7 +19,6 @@ In the training job, which rank finishes importing the user's modules first is c
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -112,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Forming the process group with a rank ready early",
         "",
-        f"Reproduce: `python bench/bench_rendezvous.py --repeats {args.repeats}`; "
-        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, load average before "
+        f"Reproduce: `python bench/bench_rendezvous.py --repeats {args.repeats}`; load average before "
         f"{load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}.",
         "",
         "Seconds from the later rank being ready to the gloo group formed on both ranks (2 ranks, 127.0.0.1), "
@@ -127,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     write_results(
         args.results_dir,
         "rendezvous",
-        {"created": time.time(), "load_average_before": load_before, "runs": runs, "median_wait_s": medians},
+        {"load_average_before": load_before, "runs": runs, "median_wait_s": medians},
         lines,
     )
     return 0

@@ -27,12 +27,10 @@ Writes ``bench/results/report_cost.json`` and ``bench/results/report_cost.md``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,11 +38,11 @@ import tempfile
 import time
 from typing import Any
 
-from results_files import write_results
+from report_cost_setup import BUCKET, local_copy_seconds, ray_train_available, start_s3
+from report_cost_summary import summarise, table
+from results_files import RESULTS, write_results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "bench", "results")
-BUCKET = "bench-report-cost"
 
 
 # -- the job (runs in the Ray workers) --------------------------------------------------
@@ -100,6 +98,7 @@ def run_job(framework: str, target: str, checkpoint: bool, reports: int, work_s:
 
     sys.path.insert(0, REPO)
     ray.init(
+        address="local",  # its own Ray, never a cluster some `ray start` left on the machine
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
@@ -172,58 +171,7 @@ def run_job(framework: str, target: str, checkpoint: bool, reports: int, work_s:
     }
 
 
-# -- the parent: variants, S3 server, tables ------------------------------------------------
-
-
-def local_copy_seconds(repeats: int = 5) -> float:
-    import torch
-    import torchvision
-
-    src = tempfile.mkdtemp(prefix="bench_copy_src_")
-    torch.save(torchvision.models.resnet18().state_dict(), os.path.join(src, "model.pt"))
-    times = []
-    for _ in range(repeats):
-        dst = tempfile.mkdtemp(prefix="bench_copy_dst_")
-        t0 = time.perf_counter()
-        shutil.copytree(src, dst, dirs_exist_ok=True)
-        times.append(time.perf_counter() - t0)
-        shutil.rmtree(dst)
-    size = os.path.getsize(os.path.join(src, "model.pt"))
-    shutil.rmtree(src)
-    return statistics.median(times), size
-
-
-def start_s3() -> tuple[Any, dict[str, str]]:
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per S3 request otherwise
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "bench-fake-key",
-        "AWS_SECRET_ACCESS_KEY": "bench-fake-secret",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    os.environ.update(env)
-    import s3fs
-
-    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(BUCKET)
-    return server, env
-
-
-def ray_train_available() -> bool:
-    try:
-        import ray.train.torch  # noqa: F401
-
-        return True
-    except ImportError:
-        return False
+# -- the parent: variants, fresh processes, the result ----------------------------------------
 
 
 def main() -> None:
@@ -276,28 +224,8 @@ def main() -> None:
             )
     server.stop()
 
-    summary = []
-    for framework in frameworks:
-        for target in args.targets.split(","):
-            with_c = [r for r in runs if (r["framework"], r["target"], r["checkpoint"]) == (framework, target, True)]
-            without = [r for r in runs if (r["framework"], r["target"], r["checkpoint"]) == (framework, target, False)]
-            med = lambda rs, key: statistics.median(r[key] for r in rs)  # noqa: E731
-            reports_with = [x for r in with_c for x in r["report_s"]]
-            summary.append(
-                {
-                    "framework": framework,
-                    "target": target,
-                    "report_s_median": statistics.median(reports_with),
-                    "report_s_max": max(reports_with),
-                    "save_s_median": statistics.median(x for r in with_c for x in r["save_s"]),
-                    "loop_lost_per_report_s": (med(with_c, "loop_s") - med(without, "loop_s")) / args.reports,
-                    "fit_lost_per_report_s": (med(with_c, "fit_s") - med(without, "fit_s")) / args.reports,
-                    "fit_s_with": med(with_c, "fit_s"),
-                    "fit_s_without": med(without, "fit_s"),
-                }
-            )
+    summary = summarise(runs, frameworks, args.targets.split(","), args.reports)
     result = {
-        "when": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
@@ -307,25 +235,7 @@ def main() -> None:
         "summary": summary,
         "runs": runs,
     }
-    lines = [
-        f"# Cost of report() with a ResNet18 checkpoint ({size / 1e6:.1f} MB)",
-        "",
-        f"{result['when']}, {os.cpu_count()} CPUs, 2 workers, {args.reports} reports of {args.work_s:.1f} s of "
-        f"work each, {args.repeats} repeat(s); load average before {load_before[0]:.1f}, after "
-        f"{result['load_average_after'][0]:.1f} (a shared machine: expect noise). One local copy of the "
-        f"checkpoint folder takes {copy_s:.3f} s (the floor).",
-        "",
-        "| framework | storage | time in report() (median / max) | torch.save | training lost per report (loop, incl. torch.save) "
-        "| job time lost per report (fit) | fit with / without checkpoints |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for s in summary:
-        lines.append(
-            f"| {s['framework']} | {s['target']} | {s['report_s_median']:.3f} s / {s['report_s_max']:.3f} s "
-            f"| {s['save_s_median']:.3f} s | {s['loop_lost_per_report_s']:.3f} s "
-            f"| {s['fit_lost_per_report_s']:.3f} s | {s['fit_s_with']:.1f} s / {s['fit_s_without']:.1f} s |"
-        )
-    write_results(args.results_dir, "report_cost", result, lines)
+    write_results(args.results_dir, "report_cost", result, table(result))
 
 
 if __name__ == "__main__":

@@ -33,23 +33,21 @@ growth per worker (least-squares slope) and a linear extrapolation to 512 worker
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "bench", "results")
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
-from results_files import plain_name, result_paths  # noqa: E402
+from results_files import plain_name  # noqa: E402
+from scaling_probes import DriverProbe, PeakRss, machine_load  # noqa: E402
+from scaling_report import write_scaling_results  # noqa: E402
 
 import trainlib  # noqa: E402
 
@@ -84,7 +82,7 @@ def _steps(config: dict[str, Any], update: Any) -> None:
 # Two functions, not one with a branch: cloudpickle ships a __main__ function with every submodule of
 # its global modules that the driver has imported and whose name its code mentions, so a function
 # that only names ``torch`` in an untaken branch made each worker import trainlib.torch, and torch
-# (~3 s of CPU and ~0.65 GB a process): the "plain" figures until 2026-12-01 included that import.
+# (~3 s of CPU and ~0.65 GB a process), which the "plain" mode exists to leave out.
 def plain_train_func(config: dict[str, Any]) -> None:
     """The update in NumPy on a 4x4 weight; the workers never import the deep-learning framework."""
     import numpy as np
@@ -129,44 +127,6 @@ def _marks(folder: str, name: str) -> list[float]:
 
 
 # -- the driver side ------------------------------------------------------------------------
-
-
-class DriverProbe(trainlib.Callback):
-    """Records, at each committed report, the time and this process's CPU time."""
-
-    def __init__(self):
-        import psutil
-
-        self.process = psutil.Process()
-        self.commits: list[tuple[int, float, float, dict]] = []  # step, wall, cpu, metrics
-
-    def after_report(self, run, report):
-        cpu = self.process.cpu_times()
-        self.commits.append((report.step, time.time(), cpu.user + cpu.system, dict(report.metrics)))
-
-
-class PeakRss:
-    """Samples this process's resident memory every 50 ms in a thread."""
-
-    def __init__(self):
-        import psutil
-
-        self.process = psutil.Process()
-        self.peak = self.process.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.wait(0.05):
-            self.peak = max(self.peak, self.process.memory_info().rss)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 def run_one(
@@ -229,83 +189,6 @@ def run_one(
     }
 
 
-def slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares line y = a + b x; returns (a, b)."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - b * mx, b
-
-
-def machine_load() -> dict[str, Any]:
-    import psutil
-
-    return {
-        "loadavg_1_5_15": [round(v, 2) for v in os.getloadavg()],
-        "cpus": os.cpu_count(),
-        "memory_available_gb": round(psutil.virtual_memory().available / 2**30, 1),
-    }
-
-
-def write_results(rows: list[dict], args: argparse.Namespace, load: dict[str, list]) -> None:
-    growth: dict[str, dict] = {}
-    for checkpoint in (False, True):
-        mode = "checkpoint" if checkpoint else "metrics"
-        sel = [r for r in rows if r["checkpoint"] == checkpoint]
-        if len(sel) < 2:
-            continue
-        xs = [r["world_size"] for r in sel]
-        growth[mode] = {}
-        for key in ("first_step_s", "driver_rss_mb", "driver_cpu_ms_per_step", "commit_lag_ms_median"):
-            a, b = slope(xs, [r[key] for r in sel])
-            growth[mode][key] = {"intercept": round(a, 3), "per_worker": round(b, 4), "at_512": round(a + b * 512, 1)}
-    out = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "args": vars(args),
-        "load_before_after": load,
-        "rows": rows,
-        "growth": growth,
-    }
-    os.makedirs(RESULTS, exist_ok=True)
-    json_path, md_path = result_paths(RESULTS, args.tag)
-    with open(json_path, "w") as f:
-        json.dump(out, f, indent=2)
-    lines = [
-        "# Driver cost as the world grows (bench/bench_scaling.py)",
-        "",
-        f"{out['date']}, backend {args.backend}, {args.cpus} logical CPUs for Ray on a {os.cpu_count()}-core machine, "
-        f"{args.cpu_per_worker} CPU per worker, {args.steps} steps of {args.step_s * 1000:.0f} ms, report() every step, "
-        f"Ray starting at most {args.startup_concurrency or 'its default (one per logical CPU)'} worker processes at "
-        "once. Machine load "
-        f"(1/5/15-min load average) before: {load['before']}, after: {load['after']}: the machine is shared, "
-        "so these are upper bounds.",
-        "",
-        "| workers | mode | fit() to first step (s) | driver peak RSS (MB) | driver CPU per step (ms) "
-        "| per worker (ms) | last report to commit, median / max (ms) | wall per step (ms) |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['world_size']} | {'checkpoint' if r['checkpoint'] else 'metrics'} | {r['first_step_s']} "
-            f"| {r['driver_rss_mb']} | {r['driver_cpu_ms_per_step']} "
-            f"| {r['driver_cpu_ms_per_step_per_worker']} | {r['commit_lag_ms_median']} / "
-            f"{r['commit_lag_ms_max']} | {r['wall_ms_per_step']} |"
-        )
-    lines += [
-        "",
-        "Growth per added worker (least-squares slope over the world sizes) and linear extrapolation to 512 workers:",
-        "",
-        "| mode | quantity | per worker | at 512 workers |",
-        "|---|---|---:|---:|",
-    ]
-    for mode, quantities in growth.items():
-        for key, g in quantities.items():
-            lines.append(f"| {mode} | {key} | {g['per_worker']} | {g['at_512']} |")
-    with open(md_path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 8, 16, 32])
@@ -352,10 +235,10 @@ def main() -> int:
                 row["load"] = machine_load()
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                write_results(rows, args, dict(load, after=row["load"]["loadavg_1_5_15"]))  # keep what is done
+                write_scaling_results(rows, args, dict(load, after=row["load"]["loadavg_1_5_15"]))  # keep what is done
     ray.shutdown()
     load["after"] = machine_load()["loadavg_1_5_15"]
-    write_results(rows, args, load)
+    write_scaling_results(rows, args, load)
     return 0
 
 

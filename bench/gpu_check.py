@@ -23,7 +23,6 @@ writes nothing there (a CPU's figures are not a GPU's).
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import json
 import os
@@ -169,7 +168,6 @@ def machine(device: str) -> dict:
         if device == "cuda" and torch.cuda.is_available()
         else platform.machine(),
         "cpus": os.cpu_count(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "load_average": [round(v, 2) for v in os.getloadavg()],
     }
     for name in ("ray", "prefect", "mlflow", "pytest", "torchvision"):
@@ -231,7 +229,7 @@ def table(info: dict, tests: dict | None, bench: dict, args: argparse.Namespace)
         "# The GPU path: tests/gpu and local mode against plain PyTorch",
         "",
         f"Reproduce: `python -m bench gpu` (= `python bench/gpu_check.py`). {info['device']}, torch {info['torch']} "
-        f"(CUDA {info['cuda']}), Python {info['python']}, {info['cpus']} CPUs, {info['date']}; Ray installed: "
+        f"(CUDA {info['cuda']}), Python {info['python']}, {info['cpus']} CPUs; Ray installed: "
         f"{info['has_ray']}.",
         "",
     ]

@@ -17,6 +17,8 @@ from typing import Any
 # Lower-case words joined by "_"; a run of 4 or more digits reads as a date or a clock time.
 _PLAIN_NAME = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 _DATED = re.compile(r"\d{4}")
+# Where every benchmark writes by default (each script's ``--results-dir`` or equivalent overrides it).
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def check_name(name: str) -> str:

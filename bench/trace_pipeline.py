@@ -31,9 +31,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench_overhead import DATA, RESULTS
 from bench_pipeline import start_fresh_home
-from results_files import plain_name, write_results
+from overhead_jobs import DATA
+from results_files import RESULTS, plain_name, write_results
 
 SAMPLE_S = 0.25
 RAY_LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")

@@ -23,8 +23,8 @@ import sys
 import tempfile
 import time
 
-from bench_overhead import DATA, REPO, RESULTS, command, job_env
-from results_files import write_results
+from overhead_jobs import DATA, REPO, command, job_env
+from results_files import RESULTS, write_results
 
 TRACER = os.path.join(REPO, "bench", "startup_trace")
 
@@ -132,7 +132,7 @@ def main() -> None:
         return f"{statistics.median(values):.2f}" if values else ""
 
     lines = [
-        f"# Start-up, phase by phase ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "# Start-up, phase by phase",
         "",
         f"Reproduce: `python bench/trace_startup.py --repeats {args.repeats}`. The tutorial job, 3 steps, "
         f"2 workers, {args.repeats} alternated fresh-process runs per variant; median second, from the "
