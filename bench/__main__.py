@@ -2,7 +2,7 @@
 
 Runs on the machine that calls it, in this process (each script starts its own fresh processes). ``ARGS`` go to
 the script after the preset's own arguments (a later option wins: ``python -m bench overhead --repeats 1``);
-``python -m bench NAME --help`` shows the script's options. Every benchmark writes bench/results/NAME.{json,md}.
+``python -m bench NAME --help`` shows the script's options. Every benchmark writes bench/results/NAME.{json,md} (parity adds its section to data's).
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ BENCHMARKS: dict[str, Benchmark] = {
         "bench_ray_data.py", (), "Ray Data vs DataLoader on the tutorial job, trainlib and Ray Train"
     ),
     "parity": Benchmark(
-        "bench_parity.py", (), "FashionMNIST through the folder source vs the idx files: test accuracy, same recipe"
+        "bench_parity.py",
+        (),
+        "folder source vs idx files, same recipe: test accuracy (into data.json/.md, beside data's figures)",
     ),
     "scaling": Benchmark("bench_scaling.py", (), "the driver's cost per step and to the first step, 2 to 32 workers"),
     "pipeline": Benchmark(
