@@ -18,7 +18,8 @@ from conftest import controller_on
 import trainlib
 from trainlib._internal.execution import staging
 from trainlib._internal.execution.messages import ReportMessage
-from trainlib._internal.execution.session import ReportOptions, WorkerSession
+from trainlib._internal.execution.report_checkpoint import ReportOptions
+from trainlib._internal.execution.session import WorkerSession
 from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
 from trainlib._internal.storage.commits import COMMIT_MARKER
 from trainlib._internal.storage.run_storage import RunStorage

@@ -26,7 +26,8 @@ import trainlib
 from trainlib import DataParallelTrainer
 from trainlib._internal.execution import staging
 from trainlib._internal.execution.messages import CheckpointPlacement
-from trainlib._internal.execution.session import ReportOptions, WorkerSession
+from trainlib._internal.execution.report_checkpoint import ReportOptions
+from trainlib._internal.execution.session import WorkerSession
 from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
 from trainlib._internal.storage.run_storage import RunStorage
 
