@@ -47,7 +47,7 @@ def open_logged_run(
     log_checkpoints: str,
     tags: dict[str, Any],
 ) -> LoggedRun:
-    """The experiment and the MLflow run (``open_run``) of ``run``, through ``sender``'s client.
+    """The experiment and the MLflow run (``_open_run``) of ``run``, through ``sender``'s client.
 
     Raises:
         TrackingError: the tracking store cannot be reached, or refuses the experiment or the run.
@@ -60,9 +60,7 @@ def open_logged_run(
                 # An earlier outage left records behind (an old end status among them):
                 # send them before this run reopens the MLflow run.
                 sender.replay()
-            run_id = open_run(
-                client, uri, experiment, run, saved, run_name=run_name, log_checkpoints=log_checkpoints, tags=tags
-            )
+            run_id = _open_run(client, uri, experiment, run, saved, run_name, _run_tags(run, log_checkpoints, tags))
     except TrackingError:
         raise
     except Exception as exc:  # noqa: BLE001 - every cause becomes one clear error
@@ -97,20 +95,32 @@ def experiment_id(client: MlflowClient, uri: str, name: str) -> str:
         return client.get_experiment_by_name(name).experiment_id  # created concurrently
 
 
-def open_run(
+def _run_tags(run: RunInfo, log_checkpoints: str, tags: dict[str, Any]) -> dict[str, str]:
+    """The tags of trainlib run ``run``'s MLflow run: trainlib's, then the user's ``tags`` (redacted, cut)."""
+    return {
+        "trainlib.run_name": run.name,
+        "trainlib.storage_path": redact_url(run.path),
+        "trainlib.world_size": str(run.world_size),
+        "trainlib.device_type": "cuda" if run.use_gpu else "cpu",
+        "trainlib.torch_version": package_version("torch"),
+        "trainlib.version": trainlib_version(),
+        "trainlib.log_checkpoints": log_checkpoints,
+        **{str(k): truncate(redact_text(str(v)), MAX_TAG_VAL_LENGTH) for k, v in tags.items()},
+    }
+
+
+def _open_run(
     client: MlflowClient,
     uri: str,
     experiment: str,
     run: RunInfo,
     saved: dict[str, Any],
-    *,
     run_name: str | None,
-    log_checkpoints: str,
-    tags: dict[str, Any],
+    run_tags: dict[str, str],
 ) -> str:
     """The MLflow run of trainlib run ``run``: the one in ``saved`` (a restart or resume), else a new one.
 
-    Logs the run's params (only new keys on a continued run: MLflow params are immutable) and tags.
+    Logs the run's params (only new keys on a continued run: MLflow params are immutable) and ``run_tags``.
     """
     params = params_for_logging(
         {
@@ -122,16 +132,6 @@ def open_run(
         MAX_ENTITY_KEY_LENGTH,
         MAX_PARAM_VAL_LENGTH,
     )
-    run_tags = {
-        "trainlib.run_name": run.name,
-        "trainlib.storage_path": redact_url(run.path),
-        "trainlib.world_size": str(run.world_size),
-        "trainlib.device_type": "cuda" if run.use_gpu else "cpu",
-        "trainlib.torch_version": package_version("torch"),
-        "trainlib.version": trainlib_version(),
-        "trainlib.log_checkpoints": log_checkpoints,
-        **{str(k): truncate(redact_text(str(v)), MAX_TAG_VAL_LENGTH) for k, v in tags.items()},
-    }
     previous = _previous_run(client, uri, saved)
     if previous is not None:
         run_id = previous.info.run_id
