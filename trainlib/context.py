@@ -8,7 +8,8 @@ import posixpath
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainlib._internal.execution.session import ReportOptions, WorkerSession, get_session
+from trainlib._internal.execution.report_checkpoint import ReportOptions
+from trainlib._internal.execution.session import WorkerSession, get_session
 from trainlib.checkpoint import Checkpoint
 from trainlib.reporting import CheckpointConsistencyMode, CheckpointUploadMode, ReportedCheckpoint
 

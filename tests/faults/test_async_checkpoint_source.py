@@ -96,5 +96,5 @@ def test_the_driver_never_writes_the_marker_over_files_that_did_not_all_arrive(t
     storage.fs.rm(f"{storage.checkpoint_path(1)}/model.pt")
     controller = controller_on(storage, world_size=1)
     with pytest.raises(WorkerError, match=r"report 1 .*is not committed.*'model\.pt'"):
-        controller._add_report({}, set(), 1, outbox.get())
+        controller.commits.add({}, set(), 1, outbox.get())
     assert storage.committed_checkpoints() == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainlib._internal.execution.worker_group import death_cause
+from trainlib._internal.execution.failures import death_cause
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -18,7 +18,8 @@ from conftest import controller_on
 import trainlib
 from trainlib._internal.execution import staging
 from trainlib._internal.execution.messages import ReportMessage
-from trainlib._internal.execution.session import ReportOptions, WorkerSession
+from trainlib._internal.execution.report_checkpoint import ReportOptions
+from trainlib._internal.execution.session import WorkerSession
 from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
 from trainlib._internal.storage.commits import COMMIT_MARKER
 from trainlib._internal.storage.run_storage import RunStorage
@@ -59,17 +60,17 @@ def test_a_dead_ranks_recovery_never_commits_again_a_step_that_retention_deleted
         assert session.wait_uploads(30)
     for outbox in outboxes:
         while not outbox.empty():
-            controller._add_report(pending, committed_steps, 2, outbox.get())
-    assert [c.step for c in controller.committed] == [3]
+            controller.commits.add(pending, committed_steps, 2, outbox.get())
+    assert [c.step for c in controller.commits.committed] == [3]
 
     # Both processes die now; the driver recovers each rank's staging folder on the node (wait(), then flush()).
     recovered = [m for rank in range(2) for m in staging.finish_staged_uploads(storage, rank, os.getpid(), 0)]
     assert sorted(m.step for m in recovered) == [1, 1, 2, 2, 3, 3]  # the records were kept after each upload
     for message in recovered:
-        controller._add_report(pending, committed_steps, 2, message)
+        controller.commits.add(pending, committed_steps, 2, message)
 
-    assert [c.step for c in controller.committed] == [3]
-    assert [row["step"] for row in controller.metrics_rows] == [1, 2, 3]
+    assert [c.step for c in controller.commits.committed] == [3]
+    assert [row["step"] for row in controller.commits.metrics_rows] == [1, 2, 3]
     assert [row["step"] for row in storage.read_metrics_log()] == [1, 2, 3]
     assert not storage.fs.exists(f"{storage.checkpoint_path(1)}/{COMMIT_MARKER}")
     assert [c.step for c in storage.committed_checkpoints()] == [3]
@@ -85,7 +86,7 @@ def test_a_reused_checkpoint_dir_name_is_refused_before_it_overwrites_the_commit
     _report(session, tmp_path, 1, dir_name="latest")
     with pytest.raises(ValueError, match="latest"):  # at once, whether or not the driver committed step 1 yet
         _report(session, tmp_path, 2, dir_name="latest")
-    controller._add_report({}, set(), 1, outbox.get(timeout=30))
+    controller.commits.add({}, set(), 1, outbox.get(timeout=30))
     assert session.wait_uploads(30)
     assert outbox.empty()
     # A later attempt (a fresh session) knows the name by the committed checkpoint's marker.
@@ -108,7 +109,7 @@ def test_retention_never_deletes_the_folder_that_a_later_step_was_committed_into
 
     for step in (1, 2):
         storage.fs.pipe_file(f"{path}/model.txt", f"step{step}".encode())
-        controller._add_report(
+        controller.commits.add(
             {},
             set(),
             1,
@@ -121,7 +122,7 @@ def test_retention_never_deletes_the_folder_that_a_later_step_was_committed_into
                 placement=CheckpointPlacement("latest", in_place=True),
             ),
         )
-    assert [(c.step, c.path) for c in controller.committed] == [(2, path)]
+    assert [(c.step, c.path) for c in controller.commits.committed] == [(2, path)]
     (committed,) = storage.committed_checkpoints()
     assert (committed.step, committed.path) == (2, path)
     assert storage.fs.cat_file(f"{path}/model.txt") == b"step2"

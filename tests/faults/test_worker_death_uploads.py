@@ -26,7 +26,8 @@ import trainlib
 from trainlib import DataParallelTrainer
 from trainlib._internal.execution import staging
 from trainlib._internal.execution.messages import CheckpointPlacement
-from trainlib._internal.execution.session import ReportOptions, WorkerSession
+from trainlib._internal.execution.report_checkpoint import ReportOptions
+from trainlib._internal.execution.session import WorkerSession
 from trainlib._internal.execution.spec import AttemptSpec, WorkerInfo
 from trainlib._internal.storage.run_storage import RunStorage
 
@@ -144,7 +145,7 @@ def test_a_dead_ranks_staged_report_keeps_its_checkpoint_dir_name(tmp_path, monk
     controller = controller_on(storage)
     pending: dict = {}
     for message in (live_message, recovered):
-        controller._add_report(pending, set(), 2, message)
+        controller.commits.add(pending, set(), 2, message)
     (committed,) = storage.committed_checkpoints()  # verified: every file the marker lists is there
     assert (committed.step, committed.path) == (1, storage.checkpoint_path(1, "my_ckpt_1"))
     marker = storage.read_json(f"{committed.path}/.trainlib_commit.json")

@@ -15,8 +15,8 @@ from conftest import controller_on
 
 from trainlib._internal import tunables
 from trainlib._internal.execution.controller import Controller
-from trainlib._internal.execution.failures import FailurePolicy
 from trainlib._internal.execution.messages import DoneMessage, FailedMessage, ReportMessage
+from trainlib._internal.execution.restart_policy import FailurePolicy
 from trainlib._internal.execution.spec import Placement
 from trainlib._internal.storage.run_record import RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
@@ -263,7 +263,7 @@ def test_unlimited_restarts(storage):
     attempts.append(FakeGroup([[done(0), done(1)]], 2, storage=storage))
     controller, made = make_controller(storage, attempts, max_failures=-1)
     controller.run()
-    assert controller.state is RunStatus.FINISHED and len(made) == 8 and len(controller.failures) == 7
+    assert controller.state is RunStatus.FINISHED and len(made) == 8 and len(controller.restarts.failures) == 7
 
 
 def test_local_storage_on_several_nodes_fails_before_training(storage):
@@ -303,8 +303,8 @@ def test_a_resumed_run_continues_the_attempt_numbering(storage):
     ]
     group = FakeGroup([[report(0, 2), report(1, 2)], [done(0), done(1)]], 2, storage=storage)
     controller, _ = make_controller(storage, [group])
-    controller.metrics_rows = list(rows)
-    controller.attempt = Controller(
+    controller.commits.metrics_rows = list(rows)
+    controller.commits.attempt = Controller(
         storage=storage,
         make_worker_group=None,
         checkpoint_config=CheckpointConfig(),
@@ -313,10 +313,10 @@ def test_a_resumed_run_continues_the_attempt_numbering(storage):
         run_info=controller.run_info,
         metrics_rows=rows,
         verbose=False,
-    ).attempt
+    ).commits.attempt
     controller.run()
     assert group.started_with["attempt"] == 2
-    assert controller.metrics_rows[-1]["attempt"] == 2
+    assert controller.commits.metrics_rows[-1]["attempt"] == 2
 
 
 def test_a_peer_death_is_the_root_cause_not_the_collective_that_lost_it(storage):

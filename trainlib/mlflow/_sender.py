@@ -87,3 +87,24 @@ class RecordSender:
     def pending(self) -> int:
         """Records still in the spool."""
         return len(self.spool)
+
+    def finish(self, run_id: str, status: str) -> None:
+        """At the run's end: send what is still spooled, or say what MLflow run ``run_id`` is missing and how
+        to send it later."""
+        if self.pending():
+            self.replay()
+        if self.pending():
+            missing = describe_records([r for r in self.spool.read() if r["run_id"] == run_id])
+            logger.warning(
+                "MLflow run %s at %s is missing %s: the tracking server could not be reached. The records "
+                "are spooled in %s; send them with trainlib.mlflow.MLflowLogger.replay_spool(%r) once the "
+                "server is back (resuming this trainlib run also sends them). Checkpoints in run "
+                "storage are intact.",
+                run_id,
+                redact_url(self.uri),
+                missing,
+                self.spool.path,
+                self.spool.path,
+            )
+        else:
+            logger.info("MLflow run %s ended %s", run_id, status)

@@ -10,7 +10,8 @@ the same MLflow run: its id is kept in the run folder's ``trainlib_run.json``.
 A tracking outage never costs the training: every MLflow call is bounded in
 time, what cannot be sent is written to a local spool file, the logger says
 exactly what was not logged, and :meth:`MLflowLogger.replay_spool` sends it later
-(``_sender.py``). Opening the MLflow run is in ``_run.py``; a resumed run's missing metrics, ``_backfill.py``.
+(``_sender.py``). Opening the MLflow run is in ``_run.py``; the records each event becomes, ``_event_records.py``;
+a resumed run's missing metrics, ``_backfill.py``.
 
 This module does not import mlflow: ``before_run`` does (~1-1.5 s of CPU), so building the logger costs
 nothing and the import runs while ``fit()`` starts its workers, whose actors were asked for first.
@@ -20,21 +21,22 @@ from __future__ import annotations
 
 import logging
 import os
-import posixpath
 import time
 from typing import TYPE_CHECKING, Any
 
-from trainlib._internal.metrics import is_number
-from trainlib._internal.storage.run_record import RunStatus
-from trainlib._internal.tracking.params import truncate
-from trainlib._internal.tracking.spool import Spool, describe_records, spool_file
-from trainlib._internal.util.masking import redact_text, redact_url
+from trainlib._internal.tracking.spool import Spool, spool_file
+from trainlib._internal.util.masking import redact_url
 from trainlib.callbacks import Callback, ReportRecord, RunInfo
 from trainlib.checkpoint import Checkpoint
 from trainlib.mlflow._arguments import DEFAULT_EXPERIMENT_NAME, check_logger_arguments
 from trainlib.mlflow._backfill import missing_metrics_records
-from trainlib.mlflow._store import STATE_KEY, bounded_http, default_tracking_uri, probe_tracking_server
-from trainlib.mlflow.errors import TrackingError, short_error
+from trainlib.mlflow._event_records import (
+    deleted_checkpoint_records,
+    end_records,
+    failure_record,
+    report_records,
+)
+from trainlib.mlflow._store import STATE_KEY, default_tracking_uri, probe_tracking_server
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -45,15 +47,6 @@ if TYPE_CHECKING:
     from trainlib.result import Result
 
 logger = logging.getLogger("trainlib")
-
-CHECKPOINT_ARTIFACT_DIR = "checkpoints"
-
-
-def _tag_value(text: str) -> str:
-    """``text`` cut to MLflow's longest tag value (read from mlflow, which ``before_run`` imported)."""
-    from trainlib.mlflow._records import MAX_TAG_VAL_LENGTH
-
-    return truncate(text, MAX_TAG_VAL_LENGTH)
 
 
 class MLflowLogger(Callback):
@@ -159,7 +152,7 @@ class MLflowLogger(Callback):
         probe_tracking_server(self._uri)  # seconds, not MLflow's minutes of retries; before Ray starts
         from mlflow.tracking import MlflowClient
 
-        from trainlib.mlflow._run import experiment_id, open_run
+        from trainlib.mlflow._run import open_logged_run
         from trainlib.mlflow._sender import RecordSender
 
         self._client = MlflowClient(tracking_uri=self._uri)
@@ -167,89 +160,32 @@ class MLflowLogger(Callback):
         saved, self._saved = self._saved, {}
         self._sender = RecordSender(self._client, self._uri, Spool(spool_file(run.name, run.path, self.spool_dir)))
         self.spool_path = self._sender.spool.path
-        try:
-            with bounded_http():
-                self.experiment_id = experiment_id(self._client, self._uri, self._experiment_name())
-                if self._sender.pending():
-                    # An earlier outage left records behind (an old end status among them):
-                    # send them before this run reopens the MLflow run.
-                    self._sender.replay()
-                self.run_id = open_run(
-                    self._client,
-                    self._uri,
-                    self.experiment_id,
-                    run,
-                    saved,
-                    run_name=self.run_name,
-                    log_checkpoints=self.log_checkpoints,
-                    tags=self.tags,
-                )
-        except TrackingError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every cause becomes one clear error
-            raise TrackingError(
-                f"MLflowLogger cannot reach the MLflow tracking store at {redact_url(self._uri)} "
-                f"({short_error(exc)}). Nothing was started. Start the server (e.g. `mlflow server "
-                "--host 127.0.0.1 --port 5000`), or point MLflowLogger(tracking_uri=...) / "
-                "MLFLOW_TRACKING_URI at a reachable one, or remove MLflowLogger from RunConfig.callbacks "
-                "to train without tracking."
-            ) from None
+        opened = open_logged_run(
+            self._sender,
+            self._experiment_name(),
+            run,
+            saved,
+            run_name=self.run_name,
+            log_checkpoints=self.log_checkpoints,
+            tags=self.tags,
+        )
+        self.experiment_id, self.run_id = opened.experiment_id, opened.run_id
         logger.info("MLflow run %s in experiment %r at %s", self.run_id, self._experiment_name(), redact_url(self._uri))
         if saved.get("run_id") == self.run_id and run.earlier_reports:
             for record in missing_metrics_records(self._client, self.run_id, run.earlier_reports):
                 self._emit(record)
 
     def after_report(self, run: RunInfo, report: ReportRecord) -> None:
-        metrics = {k: v for k, v in report.metrics.items() if is_number(v)}
-        skipped = sorted(set(report.metrics) - set(metrics) - self._skipped_keys)
-        if skipped:  # strings, lists, objects: kept in the run's metrics, but MLflow metrics are numbers
-            self._skipped_keys.update(skipped)
-            logger.warning(
-                "MLflow logs only numeric metrics: %s (reported from step %d on) not logged to MLflow; "
-                "they are kept in Result.metrics and metrics_dataframe.",
-                ", ".join(skipped),
-                report.step,
-            )
-        if metrics:
-            self._emit(
-                {
-                    "kind": "metrics",
-                    "step": report.step,
-                    "metrics": metrics,
-                    "timestamp": int(report.reported_at * 1000),
-                }
-            )
-        if report.checkpoint is None:
-            return
-        name = posixpath.basename(report.checkpoint.path.rstrip("/"))
-        tags = {"trainlib.latest_checkpoint": report.checkpoint.uri}
-        if self.log_checkpoints == "uri":
-            tags[f"trainlib.checkpoint.{name}"] = report.checkpoint.uri
-        self._emit({"kind": "tags", "tags": tags})
-        if self.log_checkpoints == "all":
-            self._emit_checkpoint(report.checkpoint)
+        for record in report_records(report, self.log_checkpoints, self._skipped_keys):
+            self._emit(record)
 
     def after_checkpoint_deleted(self, run: RunInfo, checkpoint: Checkpoint) -> None:
-        if self.log_checkpoints == "uri":
-            name = posixpath.basename(checkpoint.path.rstrip("/"))
-            self._emit(
-                {
-                    "kind": "tags",
-                    "tags": {f"trainlib.checkpoint.{name}": _tag_value(f"deleted by retention: {checkpoint.uri}")},
-                }
-            )
+        for record in deleted_checkpoint_records(checkpoint, self.log_checkpoints):
+            self._emit(record)
 
     def after_failure(self, run: RunInfo, failure: WorkerError, will_restart: bool) -> None:
         self._failures += 1
-        self._emit(
-            {
-                "kind": "tags",
-                "tags": {
-                    "trainlib.failures": str(self._failures),
-                    "trainlib.last_failure": _tag_value(redact_text(f"rank {failure.rank}: {failure.cause}")),
-                },
-            }
-        )
+        self._emit(failure_record(self._failures, failure))
 
     def after_run(self, run: RunInfo, result: Result) -> None:
         if self.run_id is None or self._sender is None:
@@ -257,36 +193,12 @@ class MLflowLogger(Callback):
         sender = self._sender
         if sender.offline_since is None and sender.pending():
             sender.replay()  # older records first, so the end status below is the last word
-        if self.log_checkpoints in ("best", "last"):
-            chosen = result.checkpoint
-            if self.log_checkpoints == "best" and result.best_checkpoints:
-                chosen = result.best_checkpoints[-1][0]  # Ray Train's order: best last
-            if chosen is not None:
-                self._emit({"kind": "tags", "tags": {f"trainlib.{self.log_checkpoints}_checkpoint": chosen.uri}})
-                self._emit_checkpoint(chosen)
-        failed = result.error is not None or run.record.status is RunStatus.FAILED
-        if failed:
-            message = run.record.error or f"{type(result.error).__name__}: {result.error}"
-            self._emit({"kind": "tags", "tags": {"trainlib.error": _tag_value(redact_text(message))}})
+        records, failed = end_records(run, result, self.log_checkpoints)
+        for record in records:
+            self._emit(record)
         status = "FAILED" if failed else "FINISHED"
         self._emit({"kind": "status", "status": status, "end_time": int(time.time() * 1000)})
-        if sender.pending():
-            sender.replay()
-        if sender.pending():
-            missing = describe_records([r for r in sender.spool.read() if r["run_id"] == self.run_id])
-            logger.warning(
-                "MLflow run %s at %s is missing %s: the tracking server could not be reached. The records "
-                "are spooled in %s; send them with trainlib.mlflow.MLflowLogger.replay_spool(%r) once the "
-                "server is back (resuming this trainlib run also sends them). Checkpoints in run "
-                "storage are intact.",
-                self.run_id,
-                redact_url(self._uri),
-                missing,
-                sender.spool.path,
-                sender.spool.path,
-            )
-        else:
-            logger.info("MLflow run %s ended %s", self.run_id, status)
+        sender.finish(self.run_id, status)
 
     # -- replay --------------------------------------------------------------------------
 
@@ -306,17 +218,6 @@ class MLflowLogger(Callback):
 
     def _experiment_name(self) -> str:
         return self.experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT_NAME
-
-    def _emit_checkpoint(self, checkpoint: Checkpoint) -> None:
-        name = posixpath.basename(checkpoint.path.rstrip("/"))
-        self._emit(
-            {
-                "kind": "artifacts",
-                "source": checkpoint.uri,
-                "artifact_path": f"{CHECKPOINT_ARTIFACT_DIR}/{name}",
-                "_checkpoint": checkpoint,
-            }
-        )
 
     def _emit(self, record: dict[str, Any]) -> None:
         """Send one record of this MLflow run (or spool it). Never raises."""

@@ -1,8 +1,10 @@
-"""Failures of a worker group: the restart policy and the error reported for a failed attempt. Driver only."""
+"""Failures of a worker group: the error reported for a failed attempt and its root cause. Driver only.
+
+Whether the group restarts after it is ``restart_policy.py``'s decision.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -13,16 +15,6 @@ from trainlib._internal.execution.placement import RankPlan
 from trainlib.errors import WorkerError
 
 logger = logging.getLogger("trainlib")
-
-
-@dataclasses.dataclass(frozen=True)
-class FailurePolicy:
-    """Decides, after each failure, whether the group restarts."""
-
-    max_failures: int
-
-    def should_restart(self, failures_so_far: int) -> bool:
-        return self.max_failures < 0 or failures_so_far <= self.max_failures
 
 
 def worker_error(message: FailedMessage, plan: RankPlan | None) -> WorkerError:

@@ -13,13 +13,11 @@ from ray import cloudpickle  # the pickler of train_fn.py
 from trainlib._internal import tunables
 from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.storage.commits import CommittedCheckpoint
-from trainlib._internal.storage.retention import checkpoints_to_delete
 from trainlib._internal.storage.run_record import RunFailure, RunRecord, RunStatus
 from trainlib._internal.storage.run_storage import RunStorage
 from trainlib._internal.util.filesystem import declares_shared, resolve_filesystem
 from trainlib._internal.util.versions import trainlib_version
 from trainlib.callbacks import Callback, RunInfo
-from trainlib.checkpoint import Checkpoint
 from trainlib.config import RunConfig
 from trainlib.data import DataConfig
 from trainlib.errors import RunExistsError
@@ -174,10 +172,10 @@ def close_run(
     storage, record = run.storage, run.record
     record.status = RunStatus.FINISHED if error is None else RunStatus.FAILED
     record.error = None if error is None else f"{type(error).__name__}: {error}"[:4000]
-    record.failures = [RunFailure(rank=f.rank, cause=f.cause) for f in controller.failures]
+    record.failures = [RunFailure(rank=f.rank, cause=f.cause) for f in controller.restarts.failures]
     record.ended_at = time.time()
     if error is None:
-        _drop_resume_checkpoint(run_config, controller)
+        controller.commits.apply_retention(keep_latest=False)  # a finished run needs no checkpoint to resume from
     try:
         record.save(storage)
     except Exception as exc:  # noqa: BLE001 - keep the original error
@@ -215,20 +213,10 @@ def close_run(
         logger.info(
             "Run %s finished: %d report(s), latest checkpoint %s",
             storage.name,
-            len(controller.metrics_rows),
+            len(controller.commits.metrics_rows),
             result.checkpoint.uri if result.checkpoint else None,
         )
     return result
-
-
-def _drop_resume_checkpoint(run_config: RunConfig, controller: Controller) -> None:
-    """A finished run needs no checkpoint to resume from: keep exactly the ``num_to_keep`` best."""
-    for doomed in checkpoints_to_delete(controller.committed, run_config.checkpoint_config, keep_latest=False):
-        controller.storage.delete_checkpoint(doomed.path)
-        controller.committed.remove(doomed)
-        controller._notify(
-            "after_checkpoint_deleted", controller.run_info, Checkpoint(doomed.path, controller.storage.fs)
-        )
 
 
 def _save_callback_states(record: RunRecord, callbacks: list[Callback]) -> bool:

@@ -2,8 +2,8 @@
 
 It checks the request against the cluster (an impossible one fails at once),
 reserves one placement-group bundle per worker with a bounded wait, starts the
-actors, lays out the ranks, and turns every actor's messages, or its death,
-into typed messages for the controller (``messages.py``).
+actors, lays out the ranks and starts the training function on each. Reading the
+started actors' messages, or their deaths, is ``group_polling.py``'s.
 """
 
 from __future__ import annotations
@@ -15,22 +15,17 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import (
-    NodeAffinitySchedulingStrategy,
-    PlacementGroupSchedulingStrategy,
-)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainlib._internal import tunables
 from trainlib._internal.execution import user_code
-from trainlib._internal.execution.failures import death_cause
 from trainlib._internal.execution.group_data import GroupData
-from trainlib._internal.execution.messages import FailedMessage, WorkerMessage, is_last
+from trainlib._internal.execution.group_polling import GroupPoller, rank_death_cause
+from trainlib._internal.execution.messages import WorkerMessage
 from trainlib._internal.execution.placement import RankPlan, check_resources, format_resources, plan_ranks
 from trainlib._internal.execution.spec import AttemptSpec, Placement, WorkerStart
-from trainlib._internal.execution.staging import finish_staged_uploads
 from trainlib._internal.execution.train_fn import TrainFunction
 from trainlib._internal.execution.worker import TrainWorker, WorkerBackend
-from trainlib._internal.storage.run_storage import RunStorage
 from trainlib.errors import ResourcesUnavailableError, WorkerError
 from trainlib.scaling import ScalingConfig
 
@@ -59,11 +54,9 @@ class RayWorkerGroup:
         self.runtime_env = runtime_env  # RunConfig.worker_runtime_env
         self._pg = None
         self._actors: list[Any] = []  # by rank once started
-        self._pending: dict[Any, int] = {}  # outstanding next_messages ref -> rank
         self._placements: list[Placement] = []
         self.plan: RankPlan | None = None
-        self._storage: RunStorage | None = None  # of the started attempt, for recovering a dead rank's uploads
-        self._attempt = 0  # the started attempt's number: a dead rank's staging folders of it are recovered
+        self._poller: GroupPoller | None = None  # the started attempt's messages
 
     def submit_actors(self) -> None:
         """Ask for the placement group and the actors, without waiting (once; ``start_actors`` waits).
@@ -152,8 +145,6 @@ class RayWorkerGroup:
         self._actors = [by_index[i] for i in plan.order]
         self._placements = [placements[i] for i in plan.order]
         self.plan = plan
-        self._storage = attempt.storage
-        self._attempt = attempt.attempt
         train_fn = self._train_fn_for_nodes()
         shards = self.data.shards_for(self._actors, [p.node_id for p in self._placements])
         refs = [
@@ -177,7 +168,7 @@ class RayWorkerGroup:
                 ray.get(ref)
             except RayActorError:
                 pass  # dead: wait() reports it
-        self._pending = {actor.next_messages.remote(): rank for rank, actor in enumerate(self._actors)}
+        self._poller = GroupPoller(self._actors, self._placements, attempt.storage, attempt.attempt)
         return plan
 
     def _train_fn_for_nodes(self) -> Any:
@@ -210,20 +201,12 @@ class RayWorkerGroup:
             actor.mark_preempted.remote(info)
 
     def wait(self, timeout: float | None = None) -> list[WorkerMessage]:
-        """Block until some worker sends messages or dies (or ``timeout`` passes: then []); return them in
-        order (a death as a failure)."""
-        ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=timeout)
-        out: list[WorkerMessage] = []
-        for ref in ready:
-            rank = self._pending.pop(ref)
-            try:
-                messages = ray.get(ref)
-            except RayActorError as exc:
-                messages = self._recover_staged(rank) + [self._death_message(rank, exc)]
-            out.extend(messages)
-            if not any(is_last(m) for m in messages):
-                self._pending[self._actors[rank].next_messages.remote()] = rank
-        return out
+        """Block until some worker sends messages or dies (or ``timeout`` passes: then []); see ``GroupPoller``."""
+        return self._poller.wait(timeout)
+
+    def flush(self, timeout: float) -> list[WorkerMessage]:
+        """After a failure: collect what the live workers still had queued, uploads included."""
+        return self._poller.flush(timeout)
 
     def _start_failure(self, refs: list, exc: BaseException) -> WorkerError:
         """A WorkerError for the first actor that died while the group was starting."""
@@ -238,71 +221,8 @@ class RayWorkerGroup:
                 continue
         return WorkerError(rank=rank, cause=f"while the group was starting, {self._death_cause(rank, exc)}")
 
-    def _death_message(self, rank: int, exc: BaseException) -> FailedMessage:
-        return FailedMessage(rank=rank, cause=self._death_cause(rank, exc))
-
     def _death_cause(self, rank: int, exc: BaseException) -> str:
-        p = self._placements[rank] if rank < len(self._placements) else None
-        return death_cause(str(exc), p.pid if p else None, p.node_ip if p else None)
-
-    def flush(self, timeout: float) -> list[WorkerMessage]:
-        """After a failure: collect what the live workers still had queued, uploads included."""
-        out: list[WorkerMessage] = []
-        refs = {a.flush.remote(timeout): rank for rank, a in enumerate(self._actors)}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout + 1.0)
-        # Each rank's outstanding next_messages call holds its earlier messages: the worker's flush woke it, so
-        # it answers at once (a dead rank's with its death). Its messages go first: taking only those answered
-        # at that instant lost a report now and then, and taking them after flush's committed steps out of order.
-        if self._pending:
-            ready = ray.wait(list(self._pending), num_returns=len(self._pending), timeout=1.0)[0] + ready
-        dead: set[int] = set()
-        for ref in ready:
-            rank = refs.get(ref, self._pending.get(ref))
-            try:
-                out.extend(ray.get(ref))
-            except RayActorError as exc:
-                if rank not in dead:  # its next_messages and its flush both fail: one death, one recovery
-                    dead.add(rank)
-                    # A rank that died: the controller may pick its death as the root cause.
-                    out.extend(self._recover_staged(rank) + [self._death_message(rank, exc)])
-        return out
-
-    def _recover_staged(self, rank: int) -> list[WorkerMessage]:
-        """A dead rank's staged-but-not-uploaded checkpoints: uploaded from its node; their REPORT messages.
-
-        Runs before the controller decides where the restart resumes, so no report that the dead
-        worker made is lost while its files are still on its node's disk. Bounded in time; when
-        the node itself is gone, its staged files are lost and the restart resumes from the latest
-        commit (the loss is at most MAX_PENDING_UPLOADS_PER_WORKER + 1 reports, and stated).
-        """
-        p = self._placements[rank] if rank < len(self._placements) else None
-        storage = self._storage
-        if storage is None or storage.is_local or p is None:
-            return []  # local storage: report() wrote straight into storage, nothing was staged
-        task = ray.remote(num_cpus=0, max_retries=0)(finish_staged_uploads).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(p.node_id, soft=False)
-        )
-        ref = task.remote(storage, rank, p.pid, self._attempt)
-        try:
-            messages = ray.get(ref, timeout=tunables.FLUSH_AFTER_FAILURE_S)
-        except Exception as exc:  # noqa: BLE001 - node lost, or the uploads failed: the loss is stated
-            ray.cancel(ref, force=True)
-            logger.warning(
-                "Rank %d died with checkpoints staged on node %s that could not be uploaded (%s: %s); "
-                "the restart resumes from the latest committed checkpoint.",
-                rank,
-                p.node_ip,
-                type(exc).__name__,
-                str(exc)[:300],
-            )
-            return []
-        if messages:
-            logger.warning(
-                "Rank %d died; its node finished the upload of its staged checkpoint(s) for step(s) %s.",
-                rank,
-                ", ".join(str(m.step) for m in messages),
-            )
-        return messages
+        return rank_death_cause(self._placements, rank, exc)
 
     def shutdown(self) -> None:
         """Kill the actors (after letting them remove their staging folders) and release the placement group."""
@@ -314,7 +234,7 @@ class RayWorkerGroup:
             except Exception:  # noqa: BLE001 - already dead
                 pass
         self._actors = []
-        self._pending = {}
+        self._poller = None
         if self._pg is not None:
             try:
                 remove_placement_group(self._pg)
