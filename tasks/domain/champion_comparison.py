@@ -1,6 +1,6 @@
 """The evaluate step: the challenger and the current champion scored on the same test images.
 
-Runs on the driver's side, in the evaluate task's process (a Ray worker). :func:`compare_with_champion`
+Runs in the evaluate task's process (a Ray worker, not one of training's DDP workers). :func:`compare_with_champion`
 evaluates the trained checkpoint and scores the current champion through its registered pyfunc model
 (:func:`score_champion`); a champion whose version records its accuracy on the same test files, and still
 predicts the recorded labels on a few probe images (:func:`probe_digest`), keeps that accuracy instead of

@@ -1,6 +1,6 @@
 """The register step: register the checkpoint as a model version once per run, tag it, set the aliases.
 
-Runs on the driver's side, in the register task's process (a Ray worker). :func:`register_and_promote`
+Runs in the register task's process (a Ray worker, not one of training's DDP workers). :func:`register_and_promote`
 packages the checkpoint as the self-contained model (:mod:`tasks.domain.model_package`), registers it
 once per MLflow run (a retry finds the version it made), sets ``challenger`` and moves ``champion`` when
 :func:`tasks.domain.promotion.decide_promotion` and the gates say so, from the :class:`Comparison` of the
