@@ -47,7 +47,8 @@ def register(tracking_uri: str, mirror: str) -> str:
 
     from tasks.domain.classifier_network import build_network
     from tasks.domain.dataset_registry import get_dataset_spec
-    from tasks.domain.model_package import DatasetIdentity, ModelCard, log_and_register
+    from tasks.domain.model_card import DatasetIdentity, ModelCard
+    from tasks.domain.model_package import log_and_register
     from tasks.domain.recipe import DEFAULT_RECIPE, get_recipe
 
     architecture = get_recipe(DEFAULT_RECIPE).architecture  # the network the pipeline registers

@@ -32,8 +32,8 @@ from flows.prefect_server import DEFAULT_PREFECT_PORT, ensure_prefect
 from flows.preflight import check_services
 from tasks.domain.credentials import move_credentials_to_environment
 from tasks.domain.data_source import is_builtin
-from tasks.domain.dataset_fetch import MIRRORS_ENV_VAR
 from tasks.domain.home import DEFAULT_HOME, HOME_ENV_VAR, PipelineHome
+from tasks.domain.mirror_fetch import MIRRORS_ENV_VAR
 from tasks.domain.urls import expand_path, mask_url
 from tasks.domain.writable import folder_write_error
 from trainlib.errors import TrainlibError
@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "false")
     print(f"Prefect server: {server.api_url} ({server.how})", flush=True)
 
-    from flows.pipeline import resolve_run, training_pipeline
+    from flows.pipeline import training_pipeline
+    from flows.pipeline_run import resolve_run
     from flows.summary import PipelineSummary
 
     with Lifeline(server.api_url):  # prompt stop on Ctrl-C / SIGTERM, or when the Prefect API is gone

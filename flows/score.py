@@ -32,8 +32,9 @@ from deployments import SCORE_FLOW_NAME as FLOW_NAME  # the name prefect.yaml's 
 from flows.heartbeats import end_flow_runs_without_joining_heartbeats
 from flows.params import NAME_PATTERN
 from flows.task_runner import cluster_task_runner, current_api_url, local_task_runner, ray_worker_env
-from tasks.domain.batch_scoring import ScoringSummary, check_output_location, output_format
+from tasks.domain.batch_scoring import ScoringSummary
 from tasks.domain.home import PipelineHome
+from tasks.domain.predictions_file import check_output_location, output_format
 from tasks.domain.promotion import CHAMPION_ALIAS
 from tasks.domain.urls import expand_path, mask_url
 from tasks.score import read_input, resolve_model, score_images_chunk, write_output

@@ -13,7 +13,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.domain.dataset_fetch import is_transient_download_failure
+from tasks.domain.mirror_fetch import is_transient_download_failure
 from tasks.domain.staging import StagedDataset, fetch_and_stage
 
 # Prefect-level retries of a download whose every failure was a network error. fetch_dataset

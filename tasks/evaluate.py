@@ -1,7 +1,7 @@
 """Prefect task: evaluate the trained checkpoint on the test split; record it in MLflow and Prefect.
 
 Runs on a Ray worker in the pipeline. The work is
-:func:`tasks.domain.model_registry.compare_with_champion` (the new checkpoint and the current
+:func:`tasks.domain.champion_comparison.compare_with_champion` (the new checkpoint and the current
 champion scored on the same test images) and
 :func:`tasks.domain.evaluation_record.log_evaluation_to_mlflow`; this wrapper adds the log,
 a retry, a markdown report and a per-class table as Prefect artifacts.
@@ -14,10 +14,10 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tasks.artifacts import artifact_key
+from tasks.domain.champion_comparison import Comparison, compare_with_champion
 from tasks.domain.cpu_threads import use_assigned_cpus
 from tasks.domain.data_version import DataVersion
 from tasks.domain.evaluation_record import log_evaluation_to_mlflow
-from tasks.domain.model_registry import Comparison, compare_with_champion
 from tasks.domain.snapshot_evaluation import compare_on_snapshot
 from tasks.domain.staging import StagedDataset
 from tasks.domain.training_run import TrainingOutcome

@@ -13,9 +13,10 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tasks.artifacts import artifact_key
+from tasks.domain.champion_comparison import Comparison
 from tasks.domain.gates import GateSettings
-from tasks.domain.model_package import ModelCard
-from tasks.domain.model_registry import Comparison, Registration, record_gates_on_run, register_and_promote
+from tasks.domain.model_card import ModelCard
+from tasks.domain.model_registry import Registration, record_gates_on_run, register_and_promote
 from tasks.domain.promotion import CHALLENGER_ALIAS
 from tasks.domain.training_run import TrainingOutcome
 from tasks.events import emit_model_promoted

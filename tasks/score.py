@@ -1,7 +1,8 @@
 """Prefect tasks of the batch-scoring flow: resolve the alias, read the images, score a chunk, write the file.
 
 Each task runs on a Ray worker (prefect-ray's RayTaskRunner). The work is in
-:mod:`tasks.domain.batch_scoring` and :mod:`tasks.domain.image_source`; these wrappers add
+:mod:`tasks.domain.scoring_model`, :mod:`tasks.domain.image_source`, :mod:`tasks.domain.batch_scoring`
+and :mod:`tasks.domain.predictions_file`; these wrappers add
 retries for repeatable registry I/O, the log, and the class-histogram table artifact.
 """
 
@@ -14,17 +15,11 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tasks.artifacts import artifact_key
-from tasks.domain.batch_scoring import (
-    ModelAliasError,
-    ResolvedModel,
-    class_histogram,
-    requirement_mismatches,
-    resolve_alias,
-    score_chunk,
-    write_predictions,
-)
+from tasks.domain.batch_scoring import class_histogram, score_chunk
 from tasks.domain.cpu_threads import use_assigned_cpus
 from tasks.domain.image_source import ImageSet, read_images
+from tasks.domain.predictions_file import write_predictions
+from tasks.domain.scoring_model import ModelAliasError, ResolvedModel, requirement_mismatches, resolve_alias
 from tasks.domain.urls import mask_url
 
 SCORE_CHUNK_TIMEOUT_S = 30 * 60

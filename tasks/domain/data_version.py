@@ -20,7 +20,7 @@ import logging
 import posixpath
 
 from tasks.domain.image_spec import ImageSpec
-from tasks.domain.model_package import DatasetIdentity
+from tasks.domain.model_card import DatasetIdentity
 from tasks.domain.snapshot import Snapshot, read_snapshot
 from tasks.domain.urls import join_url, mask_url
 from tasks.domain.validation_report import ValidationReport

@@ -2,7 +2,7 @@
 
 Runs wherever a registered version predicts (a user's process, ``mlflow models serve``, batch-scoring
 workers). Shipped with every version (``code_paths``) beside ``classifier_model.py``: numpy, pandas,
-torch, PIL (through ``image_preprocessing``) only; no mlflow, so that ``model_package`` can name
+torch, PIL (through ``image_preprocessing``) only; no mlflow, so that ``model_card`` can name
 :func:`accepted_input` without importing it.
 
 Accepted, in one call (any batch size, any image size: every image goes through

@@ -17,7 +17,7 @@ import getpass
 import os
 import subprocess
 
-from tasks.domain.model_package import DatasetIdentity
+from tasks.domain.model_card import DatasetIdentity
 from tasks.domain.staging import StagedDataset
 from tasks.domain.urls import mask_url
 

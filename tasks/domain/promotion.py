@@ -3,7 +3,7 @@
 A new version always becomes the ``challenger``; it takes ``champion`` only when its test
 accuracy beats the current champion's on the same test images, by at least ``min_margin``
 (the evaluate step scores both, or takes the champion's accuracy recorded on those images when it
-still predicts as it did: :func:`tasks.domain.model_registry.score_champion`). A tie or a smaller win keeps the
+still predicts as it did: :func:`tasks.domain.champion_comparison.score_champion`). A tie or a smaller win keeps the
 champion, so a re-run of the same model never churns the alias. No Prefect, no MLflow here.
 
 Example::
@@ -28,7 +28,7 @@ ACCURACY_PER_CLASS_TAG = "test_accuracy_per_class"  # JSON list, in label order,
 TEST_IMAGES_TAG = "test_images"  # how many test images ACCURACY_TAG was measured on
 TEST_DATA_MD5_TAG = "test_data_md5"  # the md5s of the test files it was measured on
 # A version's labels for the first PROBE_IMAGES test images, as registered: a later run whose probe of the
-# loaded champion gives the same labels on the same test files takes its recorded accuracy (model_registry).
+# loaded champion gives the same labels on the same test files takes its recorded accuracy (champion_comparison).
 PROBE_TAG = "test_probe_labels_md5"
 PROBE_IMAGES = 256
 DEFAULT_MIN_MARGIN = 0.0  # the challenger must be strictly better; raise it to ignore noise-sized wins

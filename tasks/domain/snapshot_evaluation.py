@@ -17,10 +17,10 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+from tasks.domain.champion_comparison import Comparison, checkpoint_network, probe_digest, score_champion
 from tasks.domain.data_version import DataVersion, champion_snapshot
 from tasks.domain.evaluation import evaluate_model
 from tasks.domain.gates import SliceScore
-from tasks.domain.model_registry import Comparison, checkpoint_network, probe_digest, score_champion
 from tasks.domain.promotion import ChampionScore
 from tasks.domain.snapshot import Snapshot, SnapshotEntry, read_snapshot
 from tasks.domain.snapshot_files import SnapshotReader

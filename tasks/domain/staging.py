@@ -25,7 +25,8 @@ from typing import Any
 
 import fsspec
 
-from tasks.domain.dataset_fetch import DatasetDownloadError, DatasetFiles, fetch_dataset
+from tasks.domain.dataset_fetch import DatasetFiles, fetch_dataset
+from tasks.domain.mirror_fetch import DatasetDownloadError
 from tasks.domain.urls import expand_path, join_url, mask_url
 from trainlib.errors import describe_error, with_retries
 

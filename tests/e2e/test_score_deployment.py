@@ -142,7 +142,7 @@ def _run_in_process(services, ray_session, **params):
 
 @pytest.mark.timeout(900)  # includes the module's server start-up and registration (setup)
 def test_deployment_scores_real_images_like_pyfunc(services, inputs, tmp_path):
-    from tasks.domain.batch_scoring import read_predictions
+    from tasks.domain.predictions_file import read_predictions
 
     output = str(tmp_path / "out" / "predictions.parquet")
     _cli(services, "work-pool", "create", POOL, "--type", "process")
@@ -204,7 +204,7 @@ def test_deployment_scores_real_images_like_pyfunc(services, inputs, tmp_path):
 
 
 def test_image_folder_input_with_csv_output_names_each_file(services, inputs, tmp_path, ray_session):
-    from tasks.domain.batch_scoring import read_predictions
+    from tasks.domain.predictions_file import read_predictions
 
     output = str(tmp_path / "photos.csv")
     state = _run_in_process(services, ray_session, input_url=inputs["photos"], output_url=output, chunk_size=128)
@@ -226,7 +226,7 @@ def test_image_folder_input_with_csv_output_names_each_file(services, inputs, tm
 def test_manifest_on_s3(services, inputs, tmp_path, ray_session):
     from faults.fault_helpers import MotoS3
 
-    from tasks.domain.batch_scoring import read_predictions
+    from tasks.domain.predictions_file import read_predictions
 
     names = list(inputs["files"])[:40]
     with MotoS3() as s3:

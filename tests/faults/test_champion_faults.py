@@ -61,9 +61,10 @@ def test_a_champion_that_cannot_be_loaded_is_kept_and_the_run_fails_naming_it(re
     from mlflow import MlflowClient
 
     from tasks.domain.champion import unscored_champion_error
+    from tasks.domain.champion_comparison import Comparison, score_champion
     from tasks.domain.dataset_registry import get_dataset_spec
     from tasks.domain.evaluation import evaluate_model
-    from tasks.domain.model_registry import Comparison, register_and_promote, score_champion
+    from tasks.domain.model_registry import register_and_promote
 
     monkeypatch.chdir(registry["root"])
     model = "damaged-champion"
@@ -100,9 +101,10 @@ def test_a_champion_of_another_data_set_is_not_compared(registry, network, monke
     from mlflow import MlflowClient
 
     from tasks.domain.champion import ChampionMismatchError
+    from tasks.domain.champion_comparison import score_champion
     from tasks.domain.dataset_registry import get_dataset_spec
-    from tasks.domain.model_package import DatasetIdentity, ModelCard, log_and_register
-    from tasks.domain.model_registry import score_champion
+    from tasks.domain.model_card import DatasetIdentity, ModelCard
+    from tasks.domain.model_package import log_and_register
 
     monkeypatch.chdir(registry["root"])
     model = "mnist-champion"
@@ -137,7 +139,7 @@ def test_a_dangling_alias_names_its_missing_version_and_no_model_is_no_champion(
         db.execute("DELETE FROM model_versions WHERE name = ?", (model,))
     with pytest.raises(DanglingAliasError, match=rf"points to version {champion.version}, which does not exist"):
         alias_version(client, model)
-    from tasks.domain.batch_scoring import resolve_alias
+    from tasks.domain.scoring_model import resolve_alias
 
     with pytest.raises(DanglingAliasError, match=rf"points to version {champion.version}"):  # the scoring flow's
         resolve_alias(model, "champion", registry["uri"])

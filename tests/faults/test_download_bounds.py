@@ -12,8 +12,9 @@ import threading
 import pytest
 from conftest import free_port
 
-from tasks.domain.dataset_fetch import DatasetDownloadError, fetch_dataset
+from tasks.domain.dataset_fetch import fetch_dataset
 from tasks.domain.generated_dataset import write_idx_dataset
+from tasks.domain.mirror_fetch import DatasetDownloadError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tasks.domain import image_source
-from tasks.domain.batch_scoring import OutputLocationError, check_output_location
 from tasks.domain.image_source import ImageSourceError, read_images, write_png_folder
+from tasks.domain.predictions_file import OutputLocationError, check_output_location
 
 pytestmark = [pytest.mark.timeout(60)]
 

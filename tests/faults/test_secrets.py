@@ -16,8 +16,9 @@ from conftest import free_port
 from flows.main import parse_params
 from flows.params import PipelineParams, PipelineParamsError
 from tasks.domain.credentials import MIRROR_CREDENTIALS_ENV_VAR
-from tasks.domain.dataset_fetch import DatasetDownloadError, fetch_dataset
+from tasks.domain.dataset_fetch import fetch_dataset
 from tasks.domain.generated_dataset import write_idx_dataset
+from tasks.domain.mirror_fetch import DatasetDownloadError
 from tasks.domain.reachability import problems
 from tasks.domain.urls import mask_url
 from trainlib.masking import redact_text

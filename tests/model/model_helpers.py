@@ -70,7 +70,7 @@ def tiny_trained_network(
 
 def dataset_identity():
     from tasks.domain.dataset_registry import get_dataset_spec
-    from tasks.domain.model_package import DatasetIdentity
+    from tasks.domain.model_card import DatasetIdentity
 
     return DatasetIdentity("fashion-mnist", get_dataset_spec("fashion-mnist").md5s, FASHION_MNIST_DIR)
 
@@ -89,7 +89,8 @@ def register_network(
     ``image_spec``: the images' shape and classes (default: FashionMNIST's gray 28x28)."""
     from mlflow import MlflowClient
 
-    from tasks.domain.model_package import ModelCard, log_and_register
+    from tasks.domain.model_card import ModelCard
+    from tasks.domain.model_package import log_and_register
 
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name("model-tests")
@@ -260,10 +261,11 @@ def evaluate_and_register(
 ):
     """What the evaluate and register steps do: both models on the same ``n_test`` images, then the rule and
     ``gates`` (a ``GateSettings``). Returns the challenger's report, the champion's score and the registration."""
+    from tasks.domain.champion_comparison import Comparison, probe_digest, score_champion
     from tasks.domain.dataset_registry import get_dataset_spec
     from tasks.domain.evaluation import evaluate_model
-    from tasks.domain.model_package import ModelCard
-    from tasks.domain.model_registry import Comparison, probe_digest, register_and_promote, score_champion
+    from tasks.domain.model_card import ModelCard
+    from tasks.domain.model_registry import register_and_promote
 
     images, labels = real_images(False, n_test)
     training = challenger_outcome(root, tracking_uri, network, name)

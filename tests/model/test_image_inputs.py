@@ -263,7 +263,8 @@ def rgb_model_folder(tmp_path_factory):
 
     from tasks.domain.classifier_network import build_network
     from tasks.domain.image_spec import ImageSpec
-    from tasks.domain.model_package import ModelCard, save_model
+    from tasks.domain.model_card import ModelCard
+    from tasks.domain.model_package import save_model
 
     spec = ImageSpec(class_names=RGB_CLASSES, **SPEC_RGB)
     card = ModelCard(dataset=dataset_identity(), image_spec=spec, architecture=default_architecture())
@@ -272,8 +273,9 @@ def rgb_model_folder(tmp_path_factory):
 
 
 def test_scoring_a_folder_names_each_file_and_the_file_the_model_cannot_decode(tmp_path, rgb_model_folder):
-    from tasks.domain.batch_scoring import PREDICTION_COLUMNS, ResolvedModel, score_chunk
+    from tasks.domain.batch_scoring import PREDICTION_COLUMNS, score_chunk
     from tasks.domain.image_source import ImageSourceError, read_images
+    from tasks.domain.scoring_model import ResolvedModel
 
     images, _ = generated_rgb_images(4, 24, 36)
     write_tree(tmp_path / "photos", images, LAYOUT)
@@ -294,7 +296,7 @@ def test_scoring_a_folder_names_each_file_and_the_file_the_model_cannot_decode(t
 def test_a_champion_of_other_images_is_not_compared():
     from tasks.domain.champion import ChampionMismatchError, check_same_data
     from tasks.domain.image_spec import ImageSpec
-    from tasks.domain.model_package import recorded_image
+    from tasks.domain.model_card import recorded_image
 
     rgb = ImageSpec(class_names=("a", "b", "c"), **SPEC_RGB)
     assert recorded_image({"image": rgb.record(), "input": "..."}) == "RGB 32x32"

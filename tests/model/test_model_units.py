@@ -103,7 +103,8 @@ def test_registering_weights_of_another_architecture_fails_before_writing(tmp_pa
     from model_helpers import dataset_identity
 
     from tasks.domain.classifier_network import build_network
-    from tasks.domain.model_package import ModelCard, save_model
+    from tasks.domain.model_card import ModelCard
+    from tasks.domain.model_package import save_model
 
     card = ModelCard(dataset=dataset_identity(), architecture="resnet18-1ch")
     with pytest.raises(ValueError, match=r"ModelCard.architecture='resnet18-1ch'.*Pass ModelCard\(architecture"):
@@ -116,7 +117,8 @@ def test_saving_skips_mlflows_check_of_requirements_pinned_from_this_environment
     from model_helpers import dataset_identity
 
     from tasks.domain.classifier_network import build_network
-    from tasks.domain.model_package import ModelCard, pip_requirements, save_model
+    from tasks.domain.model_card import ModelCard
+    from tasks.domain.model_package import pip_requirements, save_model
 
     # The check maps every installed distribution to its modules (0.5-1.3 s); its pins are this process's versions.
     checked = []
@@ -345,7 +347,8 @@ def test_reader_refuses_empty_inputs(tmp_path):
 
 
 def test_predictions_are_written_atomically_and_read_back(tmp_path):
-    from tasks.domain.batch_scoring import class_histogram, output_format, read_predictions, write_predictions
+    from tasks.domain.batch_scoring import class_histogram
+    from tasks.domain.predictions_file import output_format, read_predictions, write_predictions
 
     frame = pd.DataFrame(
         {
@@ -369,7 +372,8 @@ def test_predictions_are_written_atomically_and_read_back(tmp_path):
 def test_scoring_summary_of_a_run():
     import pickle
 
-    from tasks.domain.batch_scoring import ClassCount, ResolvedModel, ScoringSummary
+    from tasks.domain.batch_scoring import ClassCount, ScoringSummary
+    from tasks.domain.scoring_model import ResolvedModel
 
     frame = pd.DataFrame(
         {
@@ -396,8 +400,8 @@ def test_scoring_summary_of_a_run():
 def test_reader_and_writer_on_s3(tmp_path, monkeypatch):
     from moto.server import ThreadedMotoServer
 
-    from tasks.domain.batch_scoring import read_predictions, write_predictions
     from tasks.domain.image_source import read_images, write_png_folder
+    from tasks.domain.predictions_file import read_predictions, write_predictions
 
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     port = free_port()
@@ -492,7 +496,7 @@ def test_unscorable_champion_is_kept_with_the_reason():
 def test_requirement_mismatches_name_the_package_and_the_installed_version(tmp_path):
     from importlib.metadata import version
 
-    from tasks.domain.batch_scoring import ResolvedModel, requirement_mismatches
+    from tasks.domain.scoring_model import ResolvedModel, requirement_mismatches
 
     installed = version("torch")
     (tmp_path / "requirements.txt").write_text(

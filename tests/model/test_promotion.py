@@ -80,7 +80,7 @@ def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry
 
     # The recorded accuracy is taken only when it is for these images and the champion still predicts as it did:
     # other test files, fewer images, or other labels for the probe images, and it is scored on every image.
-    from tasks.domain.model_registry import score_champion
+    from tasks.domain.champion_comparison import score_champion
     from tasks.domain.promotion import PROBE_TAG
 
     images, labels = real_images(False, N_TEST)
@@ -114,7 +114,7 @@ def test_tie_and_below_margin_keep_the_champion_and_a_real_win_takes_it(registry
 
 
 def test_recorded_accuracy_is_exact_and_only_for_the_same_files_images_and_probe():
-    from tasks.domain.model_registry import recorded_accuracy
+    from tasks.domain.champion_comparison import recorded_accuracy
     from tasks.domain.promotion import ACCURACY_TAG, PROBE_TAG
 
     tags = {ACCURACY_TAG: "0.333333", "test_images": "3", "test_data_md5": "m", PROBE_TAG: "p"}

@@ -15,10 +15,11 @@ import pytest
 import torch
 from conftest import free_port
 
-from tasks.domain.dataset_fetch import MIRRORS_ENV_VAR, DatasetDownloadError, fetch_dataset
+from tasks.domain.dataset_fetch import fetch_dataset
 from tasks.domain.dataset_registry import DATASETS, get_dataset_spec
 from tasks.domain.generated_dataset import write_idx_dataset
 from tasks.domain.idx_files import load_fashion_mnist_split
+from tasks.domain.mirror_fetch import MIRRORS_ENV_VAR, DatasetDownloadError
 from tasks.domain.staging import stage_dataset
 from tasks.domain.torchvision_layout import torchvision_layout
 

@@ -11,8 +11,8 @@ import yaml
 from conftest import REPO_ROOT
 
 from deployments import DEPLOYMENT_NAME, SCHEDULE_CRON, SCHEDULE_TIMEZONE, SCORE_DEPLOYMENT_NAME, WORK_POOL
-from tasks.domain.dataset_fetch import DatasetDownloadError, is_transient_download_failure
 from tasks.domain.evaluation import evaluate_model, report_from_confusion
+from tasks.domain.mirror_fetch import DatasetDownloadError, is_transient_download_failure
 from tasks.domain.network import build_model
 from tasks.domain.plots import plot_confusion_matrix, plot_learning_curve
 from tasks.domain.promotion import decide_promotion, parse_accuracy
@@ -284,7 +284,7 @@ def test_cli_options_are_the_parameter_model():
 
 def test_every_entry_point_resolves_the_same_home(tmp_path, monkeypatch):
     from flows.params import PipelineParams
-    from flows.pipeline import resolve_run
+    from flows.pipeline_run import resolve_run
     from tasks.domain.home import PipelineHome
 
     for name in ("TRAINLIB_STORAGE_PATH", "TRAINLIB_DATA_CACHE", "MLFLOW_TRACKING_URI"):
