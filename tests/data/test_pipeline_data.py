@@ -10,6 +10,13 @@
   of issue 48: xfail until that is merged).
 * A missing source stops the run before any task with a message naming ``data``, the path and the fix, and
   nothing reaches the registry.
+* The same 192 real FashionMNIST PNGs as three more sources: a CSV manifest on S3 (moto) over flat file names,
+  a folder on S3 with train/ and test/ folders, and a Parquet manifest on local disk without splits. Ray is
+  restarted with the endpoint and fake credentials in its environment, as a cluster's nodes have them. Each is
+  trained, evaluated and registered with its data version; a fresh process without the project loads each champion
+  with ``mlflow.pyfunc`` and predicts class names from the test PNGs' bytes, giving the evaluate step's confusion
+  matrix exactly. Neither fake AWS key is in any file the runs left (MLflow's store and artifacts, Prefect's
+  database with the parameters and logs, run storage) nor in the Ray logs.
 """
 
 from __future__ import annotations
