@@ -312,10 +312,10 @@ def _trained_and_registered(services, data: str, run_name: str, **params):
     run = _mlflow(services).get_run(version.run_id)
     (data_input,) = run.inputs.dataset_inputs
     assert data_input.dataset.digest == snapshot.digest[:32] and data in data_input.dataset.source
-    folder = str(services["root"] / run_name)
-    os.makedirs(folder, exist_ok=True)
+    folder = services["root"] / "downloads" / run_name
+    folder.mkdir(parents=True)
     report = json.load(
-        open(_mlflow(services).download_artifacts(run.info.run_id, "evaluation/test_report.json", folder))
+        open(_mlflow(services).download_artifacts(run.info.run_id, "evaluation/test_report.json", str(folder)))
     )
     assert report["num_images"] == len(snapshot.split("test")) and report["accuracy"] == pytest.approx(
         summary.test_accuracy
