@@ -216,13 +216,14 @@ class PipelineParams(BaseModel):
     @model_validator(mode="after")
     def _no_credentials(self) -> PipelineParams:
         # Prefect stores a flow run's parameters in clear (its API, its database, the UI).
-        found = credential_fields(self.mirrors, self.mlflow_tracking_uri)
+        found = credential_fields(self.mirrors, self.mlflow_tracking_uri, self.data)
         if found:
             raise ValueError(
                 f"{', '.join(found)} holds credentials, which the flow run's parameters would keep in clear. Pass "
                 f"the URL without them and set ${MLFLOW_USERNAME_ENV_VAR} / ${MLFLOW_PASSWORD_ENV_VAR} (MLflow) or "
                 f"${MIRROR_CREDENTIALS_ENV_VAR} (mirrors) where the pipeline runs; `python -m flows.main` moves "
-                "them there itself."
+                "them there itself. Data on S3 reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) "
+                "from the environment of every node."
             )
         return self
 

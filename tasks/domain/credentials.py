@@ -34,11 +34,15 @@ def holds_credentials(url: str | None) -> bool:
     return bool(url) and split_credentials(url).username is not None
 
 
-def credential_fields(mirrors: Iterable[str] | None, mlflow_tracking_uri: str | None) -> list[str]:
+def credential_fields(
+    mirrors: Iterable[str] | None, mlflow_tracking_uri: str | None, data: str | None = None
+) -> list[str]:
     """The parameters among these that hold credentials, as ``name=<masked value>``."""
     found = [f"mirrors={mask_url(m)!r}" for m in mirrors or () if holds_credentials(m)]
     if holds_credentials(mlflow_tracking_uri):
         found.append(f"mlflow_tracking_uri={mask_url(mlflow_tracking_uri)!r}")
+    if holds_credentials(data):
+        found.append(f"data={mask_url(data)!r}")
     return found
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ import fsspec
 
 from tasks.domain.dataset_registry import DATASET_NAMES
 from tasks.domain.urls import expand_path, mask_url
+from trainlib.masking import REDACTED, redact_text
 
 PARAMETER = "data"  # the pipeline parameter every message names
 SPLITS = ("train", "test")
@@ -79,13 +81,25 @@ def is_builtin(data: str) -> bool:
     return data in DATASET_NAMES
 
 
+def error_detail(location: str, exc: BaseException, limit: int = 300) -> str:
+    """``exc`` as ``Type: text`` for a message: cut to ``limit`` characters, secrets masked, ``location``'s password
+    too (a library quotes the part of a URL it could not parse, ``s3://KEY:SECRET@bucket`` as a bucket name)."""
+    text = redact_text(str(exc))
+    rest = location.partition("://")[2]
+    userinfo = rest[: rest.rfind("@")] if "@" in rest else ""
+    password = userinfo.partition(":")[2]
+    if password:
+        text = text.replace(password, REDACTED).replace(urllib.parse.unquote(password), REDACTED)
+    return f"{type(exc).__name__}: {text[:limit]}"
+
+
 def open_fs(location: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem of ``location`` and its path there; a missing package or bad URL is a :class:`DataSourceError`."""
     try:
         return fsspec.core.url_to_fs(expand_path(location), **dict(storage_options or {}))
     except (ImportError, ValueError) as exc:
         raise DataSourceError(
-            f"{PARAMETER}={mask_url(location)!r} cannot be opened ({type(exc).__name__}: {exc}). Fix: give a local "
+            f"{PARAMETER}={mask_url(location)!r} cannot be opened ({error_detail(location, exc)}). Fix: give a local "
             "folder, a manifest (.csv/.parquet) or an fsspec URL whose package is installed (s3:// needs s3fs)."
         ) from None
 
@@ -119,7 +133,7 @@ def describe_access_error(location: str, exc: BaseException) -> DataSourceError:
             "in the storage options."
         )
     return DataSourceError(
-        f"{PARAMETER}={shown!r} cannot be read: {type(exc).__name__}: {str(exc)[:300]}. Fix: check the path, the "
+        f"{PARAMETER}={shown!r} cannot be read: {error_detail(location, exc)}. Fix: check the path, the "
         "endpoint and the credentials (storage options or the AWS_* environment)."
     )
 

@@ -102,12 +102,15 @@ def _walk(fs: fsspec.AbstractFileSystem, path: str) -> Found:
     """(relative path, (size, version)) of every file and (relative path, None) of every folder under ``path``."""
     fs.invalidate_cache(path)
     base = path.rstrip("/") + "/"
+    # s3fs's find lists the root folder itself too: taken for a folder of the source, it would be an "empty class
+    # folder" in the train/test and batch layouts.
     return [
         (
-            key[len(base) :] if key.startswith(base) else key,
+            key[len(base) :],
             None if info.get("type") == "directory" else (int(info.get("size") or 0), file_version(info)),
         )
         for key, info in fs.find(path, withdirs=True, detail=True).items()
+        if key.startswith(base)
     ]
 
 

@@ -24,6 +24,7 @@ from tasks.domain.data_source import (
     DataSourceError,
     ListedFile,
     describe_access_error,
+    error_detail,
     file_version,
     open_fs,
     resolve,
@@ -53,7 +54,7 @@ def list_manifest(
         if isinstance(exc, (FileNotFoundError, PermissionError)):
             raise describe_access_error(location, exc) from None
         raise DataSourceError(
-            f"{PARAMETER}={shown!r}: the manifest cannot be parsed ({type(exc).__name__}: {str(exc)[:200]}). "
+            f"{PARAMETER}={shown!r}: the manifest cannot be parsed ({error_detail(location, exc, 200)}). "
             "Fix: a CSV with a header row, or a Parquet file, with columns path,label[,split]."
         ) from None
     missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]

@@ -9,6 +9,9 @@ import os
 import numpy as np
 
 CLASS_COLORS = {"circle": (230, 40, 40), "square": (40, 200, 40), "stripe": (40, 40, 230)}
+# The fake credentials moto_s3_env puts in the environment: tests grep for them where they must never be.
+FAKE_ACCESS_KEY = "AKIADATATESTFAKE"
+FAKE_SECRET_KEY = "data-test-secret-6f1c"
 
 
 def png_bytes(pixels: np.ndarray) -> bytes:
@@ -65,8 +68,8 @@ def moto_s3_env(bucket: str):
     saved = {k: os.environ.get(k) for k in keys}
     os.environ.update(
         AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
-        AWS_ACCESS_KEY_ID="AKIADATATESTFAKE",
-        AWS_SECRET_ACCESS_KEY="data-test-secret",
+        AWS_ACCESS_KEY_ID=FAKE_ACCESS_KEY,
+        AWS_SECRET_ACCESS_KEY=FAKE_SECRET_KEY,
         AWS_DEFAULT_REGION="us-east-1",
     )
     s3fs.S3FileSystem.clear_instance_cache()

@@ -187,6 +187,13 @@ def test_folder_and_manifest_on_s3_are_listed_hashed_cached_and_read_back(tmp_pa
         by_url = take_snapshot(str(tmp_path / "urls.csv"), cache_dir=str(tmp_path / "fresh-cache"))
         assert by_url.hashes == folder.hashes and by_url.url(by_url.entries[0]) == by_url.entries[0].path
 
+        split_local = tmp_path / "split"
+        write_shapes(split_local, per_class=3, size=12, splits=True)
+        fs.put(str(split_local) + "/", f"{BUCKET}/split/", recursive=True)
+        split = take_snapshot(f"s3://{BUCKET}/split", cache_dir=cache)  # s3fs lists the root as a folder too
+        assert split.digest == take_snapshot(str(split_local), cache_dir=str(tmp_path / "cache-local")).digest
+        assert split.counts()["circle"] == {"train": 2, "test": 1}
+
         url = write_snapshot(folder, f"s3://{BUCKET}/runs/snapshots/run-1.parquet")
         assert read_snapshot(url) == folder
 

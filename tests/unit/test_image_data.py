@@ -1,5 +1,6 @@
 """Pure pieces of the user-data path: pixels at an ImageSpec, normalisation and augmentation of color batches,
-shards of equal length, and the content-hash split. Torch and PIL only."""
+shards of equal length, the content-hash split, and a source URL's credentials kept out of messages and parameters.
+Torch, PIL and pydantic only."""
 
 from __future__ import annotations
 
@@ -74,3 +75,23 @@ def test_the_split_of_an_image_without_one_follows_its_content():
     share = sum(split_by_hash(h) == "test" for h in hashes) / len(hashes)
     assert abs(share - TEST_FRACTION) < 0.03
     assert all(split_by_hash(h) == split_by_hash(h) for h in hashes[:10])
+
+
+def test_a_source_url_with_credentials_is_refused_and_never_quoted_in_a_message():
+    import pytest
+
+    from flows.params import PipelineParams, PipelineParamsError
+    from tasks.domain.data_source import describe_access_error
+
+    # botocore quotes the bucket name it could not parse: the user-info of s3://KEY:SECRET@bucket with it.
+    location = "s3://AKIAX:top%2Fsecret@bucket/pets"
+    parsed = ValueError('Invalid bucket name "AKIAX:top/secret@bucket": Bucket name must match the regex')
+    raw = ValueError('Invalid bucket name "AKIAX:top%2Fsecret@bucket"')
+    for exc in (parsed, raw):
+        message = str(describe_access_error(location, exc))
+        assert "secret" not in message and "Invalid bucket name" in message and "Fix:" in message, message
+    # The flow run's parameters would keep it in clear: refused, masked, with where credentials go instead.
+    with pytest.raises(PipelineParamsError) as info:
+        PipelineParams.parse({"data": "https://bob:hunter2@labels.example/pets.csv"})
+    assert "data='https://bob:[REDACTED]@labels.example/pets.csv' holds credentials" in str(info.value)
+    assert "hunter2" not in str(info.value) and "AWS_ACCESS_KEY_ID" in str(info.value)
