@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import trainlib
-from tasks.domain.champion import DATASET_TAG, alias_version, check_same_data
+from tasks.domain.champion import DATASET_TAG, alias_version, champion_version, check_same_data
 from tasks.domain.classifier_network import build_network, forward_in_batches
 from tasks.domain.dataset_registry import get_dataset_spec
 from tasks.domain.evaluation import EvaluationReport, evaluate_model
@@ -89,12 +89,6 @@ def find_version_of_run(client: Any, model_name: str, run_id: str) -> str | None
     versions = client.search_model_versions(f"name = '{model_name}'")
     mine = [v for v in versions if v.run_id == run_id]
     return max(mine, key=lambda v: int(v.version)).version if mine else None
-
-
-def champion_version(client: Any, model_name: str) -> str | None:
-    """The version the ``champion`` alias points to, or None (no such model or alias); see :func:`alias_version`."""
-    champion = alias_version(client, model_name)
-    return None if champion is None else str(champion.version)
 
 
 def score_champion(
