@@ -253,7 +253,8 @@ def test_data_events_trigger_deployment_runs_and_a_burst_queues(loop):
     notify = [sys.executable, "-m", "flows.notify_data", loop["source"]]
     try:
         # A burst: two events at once, two runs; the deployment's limit of 1 makes the second wait for the first.
-        # Nothing arrived since the champion's snapshot: each ends in seconds, nothing started on Ray.
+        # Nothing arrived since the champion's snapshot: each ends in seconds, nothing started on Ray. (Before the new
+        # batch: after it, a run skips only when the triggered version became champion, which is the gates' call.)
         for _ in range(2):
             assert "emitted" in _cli(loop, *notify, "--always")
         burst = _wait_for_completed_runs(loop, deployment["id"], 2, worker)
