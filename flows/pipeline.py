@@ -8,7 +8,7 @@ parameters are one :class:`flows.params.PipelineParams` (validated by Prefect be
 locations left unset come from the pipeline's home (:func:`flows.pipeline_run.resolve_run`), so every
 entry point shares one registry. A user's source with no new images since the champion's snapshot ends
 the run here, before Ray starts; otherwise the steps run as a subflow on prefect-ray's ``RayTaskRunner``
-(:mod:`flows.pipeline_steps`).
+(:mod:`flows.pipeline_steps`, imported only then: a run that skips imports neither Ray nor torch).
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from deployments import FLOW_NAME  # the name prefect.yaml's deployment and the 
 from flows.heartbeats import end_flow_runs_without_joining_heartbeats
 from flows.params import PipelineParams, default_model_name
 from flows.pipeline_run import resolve_run
-from flows.pipeline_steps import pipeline_steps
-from flows.preflight import check_services
+from flows.preflight import check_services, cluster_address, current_api_url
 from flows.summary import PipelineSummary
-from flows.task_runner import cluster_address, current_api_url, make_task_runner
 from tasks.domain.data_change import source_change
 from tasks.domain.data_source import check_source, is_builtin
 from tasks.domain.data_version import snapshot_location
@@ -33,8 +31,6 @@ from tasks.domain.urls import mask_url
 
 # Before any flow of this module runs: its runs end without waiting up to 1 s for Prefect's heartbeat thread.
 end_flow_runs_without_joining_heartbeats()
-
-OTHER_STEPS_TIMEOUT_S = 3600.0  # download + evaluate + register, on top of the train task's timeout
 
 
 def flow_run_name() -> str:
@@ -98,17 +94,9 @@ def training_pipeline(params: PipelineParams = PipelineParams()) -> PipelineSumm
             change.images,
             change.champion_digest or "(none)",
         )
-    task_runner = make_task_runner(params.ray_address, api_url)
-    # Ray starts (or is joined) here, so a local one's workers start while Prefect creates the steps' subflow run,
-    # whose runner (a duplicate: the flow carries it to every task, so not the one holding this process's Ray)
-    # runs the tasks on it. Stopped after the steps.
-    with task_runner:
-        steps = pipeline_steps.with_options(
-            task_runner=task_runner.duplicate(),
-            flow_run_name=f"{get_run_context().flow_run.name}-steps",
-            timeout_seconds=params.train_timeout_s + OTHER_STEPS_TIMEOUT_S,
-        )
-        summary = steps(run)
+    from flows.pipeline_steps import run_on_ray  # Ray, torch and the steps' tasks: imported by a run that trains
+
+    summary = run_on_ray(run, api_url)
     logger.info(
         "Done: test accuracy %.2f%%, %s version %s (%s)%s",
         100 * summary.test_accuracy,

@@ -1,7 +1,8 @@
 """The training pipeline's steps, a subflow on Ray: download (or snapshot + validate) -> train -> evaluate -> register.
 
-Runs in the flow-run process, which :func:`flows.pipeline.training_pipeline` calls it from; each step is a
-task on prefect-ray's ``RayTaskRunner``. A built-in idx set is downloaded and staged; a user's folder or
+Runs in the flow-run process, which :func:`flows.pipeline.training_pipeline` imports it in only when a run
+trains (a run that skips an unchanged week imports neither Ray nor torch); each step is a task on prefect-ray's
+``RayTaskRunner``. A built-in idx set is downloaded and staged; a user's folder or
 manifest is snapshotted into this training run's storage and validated instead (docs/data.md). The training
 task reserves no CPU/GPU: its DDP workers hold them. Returns the run's
 :class:`flows.summary.PipelineSummary` with each step's seconds.
@@ -15,9 +16,16 @@ from prefect_ray.context import remote_options
 
 from flows.heartbeats import end_flow_runs_without_joining_heartbeats
 from flows.pipeline_run import PipelineRun, gate_settings
+from flows.preflight import current_api_url
 from flows.progress_display import ProgressDisplay
 from flows.summary import PipelineSummary, StageTimes, Stopwatch
-from flows.task_runner import check_cluster_reach, current_api_url, largest_node_cpus, ray_worker_env, workers_have_env
+from flows.task_runner import (
+    check_cluster_reach,
+    largest_node_cpus,
+    make_task_runner,
+    ray_worker_env,
+    workers_have_env,
+)
 from tasks.artifacts import artifact_key
 from tasks.data import snapshot_data, validate_data
 from tasks.domain.champion import unscored_champion_error
@@ -37,6 +45,24 @@ from tasks.train import train_model
 
 # Before any flow of this module runs: its runs end without waiting up to 1 s for Prefect's heartbeat thread.
 end_flow_runs_without_joining_heartbeats()
+
+OTHER_STEPS_TIMEOUT_S = 3600.0  # download + evaluate + register, on top of the train task's timeout
+
+
+def run_on_ray(run: PipelineRun, api_url: str) -> PipelineSummary:
+    """Start (or join) Ray and run the steps as a subflow of the current flow run; Ray stops after them."""
+    params = run.params
+    task_runner = make_task_runner(params.ray_address, api_url)
+    # Ray starts (or is joined) here, so a local one's workers start while Prefect creates the steps' subflow run,
+    # whose runner (a duplicate: the flow carries it to every task, so not the one holding this process's Ray)
+    # runs the tasks on it. Stopped after the steps.
+    with task_runner:
+        steps = pipeline_steps.with_options(
+            task_runner=task_runner.duplicate(),
+            flow_run_name=f"{get_run_context().flow_run.name}-steps",
+            timeout_seconds=params.train_timeout_s + OTHER_STEPS_TIMEOUT_S,
+        )
+        return steps(run)
 
 
 @flow(name="pipeline-steps")

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from deployments import SCORE_FLOW_NAME as FLOW_NAME  # the name prefect.yaml's deployment refers to
 from flows.heartbeats import end_flow_runs_without_joining_heartbeats
 from flows.params import NAME_PATTERN
-from flows.task_runner import cluster_task_runner, current_api_url, local_task_runner, ray_worker_env
+from flows.preflight import current_api_url
+from flows.task_runner import cluster_task_runner, local_task_runner, ray_worker_env
 from tasks.domain.batch_scoring import ScoringSummary
 from tasks.domain.home import PipelineHome
 from tasks.domain.predictions_file import check_output_location, output_format

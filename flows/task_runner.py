@@ -17,11 +17,12 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import ray
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
-from prefect.settings import get_current_settings
 from prefect_ray import RayTaskRunner
 
+from flows.preflight import cluster_address
 from tasks.domain.environ import environment
 from tasks.domain.reachability import check_reachable
 
@@ -44,9 +45,11 @@ LOG_SEND_TIMEOUT_S = 5.0  # the most a task waits, as it ends, for its log lines
 # (10 minutes covers a first download from the internet before the train step).
 IDLE_WORKER_KEEP_MS = 10 * 60 * 1000
 
-
-class PrefectAPIMissingError(RuntimeError):
-    """The flow runs without a Prefect API URL, so Ray workers could not report their task runs."""
+# Ray loaded whole, now. prefect-ray imports it lazily (importlib's LazyLoader), and Prefect imports prefect-ray at
+# start-up in a worker's flow-run process (a Prefect collection). A lazy Ray first loaded inside an import of one of
+# its submodules (the lean start's ``from ray._private import utils``) gets two ``ray._private`` modules, and
+# ``ray.is_initialized()`` fails: "module 'ray._private' has no attribute 'worker'". An attribute read loads it.
+RAY_VERSION = ray.__version__
 
 
 def ray_worker_env(api_url: str) -> dict[str, str]:
@@ -60,11 +63,6 @@ def ray_worker_env(api_url: str) -> dict[str, str]:
         "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE": "false",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "trainlib",
     }
-
-
-def cluster_address(ray_address: str | None) -> str | None:
-    """The cluster to run on: ``ray_address``, else ``$RAY_ADDRESS`` (set inside a Ray job), else None (local)."""
-    return ray_address or os.environ.get("RAY_ADDRESS") or None
 
 
 def project_modules() -> list[str]:
@@ -237,8 +235,6 @@ def check_cluster_reach(
     api_url: str, mlflow_tracking_uri: str, storage_path: str, mirrors: Iterable[str] | None
 ) -> None:
     """With Ray connected: refuse what nodes on other hosts could not reach (see tasks.domain.reachability)."""
-    import ray
-
     node_ips = [n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")]
     check_reachable(
         node_ips,
@@ -252,24 +248,5 @@ def check_cluster_reach(
 def largest_node_cpus(cap: int = 16) -> int:
     """The CPUs of the largest alive node (at most ``cap``), with Ray connected: what one task may take when
     nothing else runs, e.g. the evaluation after training, so it is not left with Ray's default single thread."""
-    import ray
-
     cpus = [node["Resources"].get("CPU", 0) for node in ray.nodes() if node.get("Alive")]
     return max(1, min(cap, int(max(cpus, default=1))))
-
-
-def current_api_url() -> str:
-    """This process's Prefect API URL.
-
-    Raises:
-        PrefectAPIMissingError: none is set (the flow runs on a temporary in-process server,
-            which Ray workers could not reach).
-    """
-    url = get_current_settings().api.url
-    if not url:
-        raise PrefectAPIMissingError(
-            "PREFECT_API_URL is not set, so the Ray workers would have no Prefect server to report task runs "
-            "to. Start one (prefect server start --host 127.0.0.1) and set PREFECT_API_URL="
-            "http://127.0.0.1:4200/api, or run the pipeline with `python -m flows.main`, which does both."
-        )
-    return url

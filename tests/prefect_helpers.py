@@ -85,7 +85,8 @@ class PrefectServer:
 
 
 def prefect_api(api_url: str, path: str, body: dict | None = None, method: str = "POST"):
-    """One call of a Prefect server's REST API (``api_url`` ends in ``/api``): the decoded JSON answer."""
+    """One call of a Prefect server's REST API (``api_url`` ends in ``/api``): the decoded JSON answer (None for an
+    empty one, e.g. an update's 204)."""
     request = urllib.request.Request(
         api_url + path,
         data=json.dumps(body or {}).encode(),
@@ -93,4 +94,5 @@ def prefect_api(api_url: str, path: str, body: dict | None = None, method: str =
         method=method,
     )
     with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+        answer = response.read()
+        return json.loads(answer) if answer else None

@@ -110,6 +110,12 @@ def alias_version(client: Any, model_name: str, alias: str = CHAMPION_ALIAS) -> 
     )
 
 
+def champion_version(client: Any, model_name: str) -> str | None:
+    """The version the ``champion`` alias points to, or None (no such model or alias); see :func:`alias_version`."""
+    champion = alias_version(client, model_name)
+    return None if champion is None else str(champion.version)
+
+
 def check_same_data(
     model_name: str,
     version: str,

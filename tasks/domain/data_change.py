@@ -81,9 +81,9 @@ def source_change(
     """
     from mlflow import MlflowClient
 
+    from tasks.domain.champion import champion_version
     from tasks.domain.data_source import open_fs
     from tasks.domain.data_version import champion_snapshot
-    from tasks.domain.model_registry import champion_version
     from tasks.domain.snapshot import read_snapshot, take_snapshot, write_snapshot
 
     fs, path = open_fs(snapshot_uri)

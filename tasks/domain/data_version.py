@@ -18,12 +18,15 @@ import dataclasses
 import json
 import logging
 import posixpath
+from typing import TYPE_CHECKING
 
 from tasks.domain.image_spec import ImageSpec
-from tasks.domain.model_card import DatasetIdentity
 from tasks.domain.snapshot import Snapshot, read_snapshot
 from tasks.domain.urls import join_url, mask_url
 from tasks.domain.validation_report import ValidationReport
+
+if TYPE_CHECKING:  # model_card imports torch: a run that skips needs none
+    from tasks.domain.model_card import DatasetIdentity
 
 logger = logging.getLogger("trainlib")
 
@@ -70,6 +73,8 @@ class DataVersion:
 
     def identity(self) -> DatasetIdentity:
         """The model card's data identity (the snapshot's digest as its one checksum)."""
+        from tasks.domain.model_card import DatasetIdentity
+
         return DatasetIdentity(name=self.name, md5s={"snapshot": self.digest}, source=self.source)
 
 

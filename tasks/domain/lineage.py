@@ -16,10 +16,13 @@ from __future__ import annotations
 import getpass
 import os
 import subprocess
+from typing import TYPE_CHECKING
 
-from tasks.domain.model_card import DatasetIdentity
 from tasks.domain.staging import StagedDataset
 from tasks.domain.urls import mask_url
+
+if TYPE_CHECKING:  # model_card imports torch: a run that skips needs none
+    from tasks.domain.model_card import DatasetIdentity
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # MLflow's reserved source tags (mlflow.utils.mlflow_tags; a test checks they still are). Spelled out here because
@@ -54,6 +57,8 @@ def dataset_identity(dataset: StagedDataset) -> DatasetIdentity:
     """The identity of a staged data set: its name, file md5s, and where it came from (masked)."""
     sources = sorted(set(dataset.sources.values()))
     source = sources[0].rsplit("/", 1)[0] + "/" if sources else dataset.staged_url
+    from tasks.domain.model_card import DatasetIdentity
+
     return DatasetIdentity(name=dataset.name, md5s=dict(dataset.md5s), source=mask_url(source))
 
 

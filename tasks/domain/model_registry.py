@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tasks.domain.champion import alias_version
+from tasks.domain.champion import champion_version
 from tasks.domain.champion_comparison import Comparison, checkpoint_network
 from tasks.domain.gates import GateSettings, evaluate_gates
 from tasks.domain.model_card import ModelCard
@@ -55,12 +55,6 @@ def find_version_of_run(client: Any, model_name: str, run_id: str) -> str | None
     versions = client.search_model_versions(f"name = '{model_name}'")
     mine = [v for v in versions if v.run_id == run_id]
     return max(mine, key=lambda v: int(v.version)).version if mine else None
-
-
-def champion_version(client: Any, model_name: str) -> str | None:
-    """The version the ``champion`` alias points to, or None (no such model or alias); see :func:`alias_version`."""
-    champion = alias_version(client, model_name)
-    return None if champion is None else str(champion.version)
 
 
 def register_and_promote(

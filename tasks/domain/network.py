@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where a network is built or fed: the recipe's names need no torch
+    import torch
 
 # FashionMNIST's pixel mean and standard deviation, as in the tutorial's Normalize.
 MEAN, STD = 0.28604, 0.32025
@@ -40,6 +42,7 @@ def build_model(
         from tasks.domain.classifier_network import build_network
 
         return build_network(num_classes, architecture, in_channels)
+    import torch
     from torchvision.models import resnet18
 
     model = resnet18(num_classes=num_classes)
@@ -49,6 +52,8 @@ def build_model(
 
 def to_inputs(images: torch.Tensor) -> torch.Tensor:
     """uint8 ``[N, H, W]`` (gray) or ``[N, C, H, W]`` images -> normalised float ``[N, C, H, W]`` (ToTensor + Normalize)."""
+    import torch
+
     inputs = (images.to(torch.float32) / 255.0 - MEAN) / STD
     return inputs.unsqueeze(1) if inputs.dim() == 3 else inputs
 
@@ -59,6 +64,8 @@ def load_model(checkpoint_dir: str, build: Callable[[], torch.nn.Module]) -> tor
     ``build`` makes the untrained network: :func:`build_model` (torchvision's) or the registered
     model's torch-only copy (``classifier_network.build_network``), which loads without importing torchvision.
     """
+    import torch
+
     state = torch.load(os.path.join(checkpoint_dir, MODEL_FILE), map_location="cpu", weights_only=True)
     with torch.device("meta"):  # no random initialisation that the weights replace at once
         model = build()

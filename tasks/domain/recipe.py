@@ -25,11 +25,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from tasks.domain.network import TUTORIAL_ARCHITECTURE
+
+if TYPE_CHECKING:  # torch is imported where a worker trains: the flow's parameters and a skipped run need none
+    import torch
 
 RecipeName = Literal["augmented", "tutorial"]
 # The recipe ahead at the length the weekly retraining runs (10 epochs, full data); in runs of a few hundred
@@ -121,6 +122,8 @@ def fine_tuning(recipe: Recipe, epochs: int) -> tuple[Recipe, int]:
 
 
 def make_optimizer(recipe: Recipe, parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    import torch
+
     if recipe.optimizer == "adam":
         return torch.optim.Adam(parameters, lr=recipe.lr, weight_decay=recipe.weight_decay)
     return torch.optim.SGD(
@@ -136,6 +139,8 @@ def make_scheduler(
     recipe: Recipe, optimizer: torch.optim.Optimizer, steps_per_epoch: int, epochs: int
 ) -> torch.optim.lr_scheduler.LRScheduler | None:
     """A per-step scheduler (call ``step()`` after every optimizer step), or None for a constant rate."""
+    import torch
+
     if recipe.schedule == "constant" or recipe.lr == 0:
         return None
     total = max(1, steps_per_epoch * epochs)
@@ -151,6 +156,8 @@ def augment_batch(images: torch.Tensor, recipe: Recipe, background: float) -> to
     """
     if not recipe.flip and recipe.crop_padding == 0:
         return images
+    import torch
+
     b, _, h, w = images.shape
     if recipe.flip:
         flip = (torch.rand(b) < 0.5).view(b, 1, 1, 1)

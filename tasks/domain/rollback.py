@@ -69,7 +69,7 @@ def rollback_champion(tracking_uri: str, model_name: str, to_version: str, reaso
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from tasks.domain.model_registry import champion_version
+    from tasks.domain.champion import champion_version
 
     if not reason.strip():
         raise RollbackError("--reason is empty: say why the champion goes back, e.g. --reason 'class Shirt collapsed'.")

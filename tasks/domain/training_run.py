@@ -26,9 +26,7 @@ from tasks.domain.image_spec import ImageSpec
 from tasks.domain.progress import ProgressSink
 from tasks.domain.recipe import Recipe
 from tasks.domain.staging import StagedDataset
-from tasks.domain.training_loop import train_func
 from tasks.domain.urls import expand_path, join_url
-from trainlib.torch import TorchTrainer
 
 RUN_RECORD_FILE = "trainlib_run.json"  # a run folder's record (docs/storage.md): its train_loop_config among others
 SAME_RUN_KEYS = ("dataset", "recipe")  # what a run of the same name must share to be continued or reused
@@ -157,6 +155,11 @@ def run_training(
         trainlib.ResourcesUnavailableError: the cluster cannot hold ``num_workers`` workers.
         trainlib.TrainingFailedError: a worker failed more often than ``max_failures`` allows.
     """
+    # Here, not at the top: the flow process builds TrainingSettings for every run, and one that skips an unchanged
+    # week imports neither torch nor Ray.
+    from tasks.domain.training_loop import train_func
+    from trainlib.torch import TorchTrainer
+
     trainer = TorchTrainer(
         functools.partial(train_func, progress=progress),
         train_loop_config=training_config(settings, dataset),

@@ -262,6 +262,9 @@ def test_public_api_is_pinned():
             "report",
         ]
     )
+    # Each name is imported when first used (trainlib/__init__.py): every one resolves, to its module's object.
+    assert all(getattr(trainlib, n).__module__.startswith("trainlib.") for n in trainlib.__all__ if not n.isupper())
+    assert trainlib.TRAIN_DATASET_KEY == "train"
     assert sorted(trainlib_torch.__all__) == [
         "TorchConfig",
         "TorchTrainer",

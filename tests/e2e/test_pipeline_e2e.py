@@ -514,7 +514,8 @@ LAST_TASK_LOGS_SCRIPT = r"""
 import sys
 from prefect import flow, get_run_logger, task
 from prefect.context import get_run_context
-from flows.task_runner import current_api_url, local_task_runner, ray_worker_env
+from flows.preflight import current_api_url
+from flows.task_runner import local_task_runner, ray_worker_env
 
 @task
 def last_step(marker: str) -> None:

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from flows import task_runner
-from flows.task_runner import check_cluster_reach, cluster_address, make_task_runner, project_modules
+from flows.preflight import cluster_address
+from flows.task_runner import check_cluster_reach, make_task_runner, project_modules
 from tasks.domain.reachability import UnreachableFromClusterError
 
 API = "http://127.0.0.1:4200/api"

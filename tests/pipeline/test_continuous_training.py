@@ -7,6 +7,11 @@ a folder source of real FashionMNIST PNGs.
 * ``force=True`` with ``init_from="champion"``: the run trains anyway, from the champion's weights with the
   fine-tuning schedule; its first step's loss is the champion's (near its last training loss), not a random
   network's (~ln 10), and the version records its parent.
+* Deployments applied from prefect.yaml, a process worker: two ``trainlib.data.arrived`` events in a burst give two
+  runs, one after the other (the concurrency limit of 1), which skip with no task run; then a new arrival batch
+  (``ROOT/batch-001``, 60 + 20 new images) makes ``python -m flows.notify_data`` emit the event once, and the
+  triggered run trains and registers a new version whose data digest is the new snapshot's. The trigger's runs are
+  shrunk to one epoch on one worker through the automation's API (prefect.yaml keeps its production values).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ needs_data = pytest.mark.skipif(
 MODEL = "source-resnet18"
 POOL = "trainlib-process"  # as in prefect.yaml
 DEPLOYMENT = "fashion-mnist-retrain"
+EVENT = "trainlib.data.arrived"
 BIN = os.path.dirname(sys.executable)
 
 
@@ -214,27 +220,27 @@ def _wait_for_completed_runs(loop, deployment_id: str, count: int, worker, timeo
 @needs_data
 @pytest.mark.timeout(900)
 def test_data_events_trigger_deployment_runs_and_a_burst_queues(loop):
-    """Deployments applied from prefect.yaml: `python -m flows.notify_data` emits `trainlib.data.arrived` when the
-    source's digest changed; its trigger starts a run on that source (here: nothing new since the champion from
-    the test above, so the run ends in seconds); two events in a burst give two runs, one after the other."""
+    """Deployments applied from prefect.yaml: two `trainlib.data.arrived` events in a burst start two runs, one
+    after the other, which skip (nothing new since the champion of the test above); then a new arrival batch makes
+    `python -m flows.notify_data` emit the event, and its triggered run trains and registers a new version."""
     from mlflow import MlflowClient
 
     from flows.params import default_model_name
+    from tasks.domain.snapshot import read_snapshot, take_snapshot
 
     assert default_model_name(loop["source"]) == MODEL  # what a triggered run, naming no model, registers under
     client = MlflowClient(tracking_uri=loop["locations"]["mlflow_tracking_uri"])
-    if not client.search_model_versions(f"name = '{MODEL}'"):
+    versions_before = {v.version for v in client.search_model_versions(f"name = '{MODEL}'")}
+    if not versions_before:
         pytest.skip("needs the champion of the test above")
+    champion_digest = client.get_model_version_by_alias(MODEL, "champion").tags["data.digest"]
     _cli(loop, f"{BIN}/prefect", "work-pool", "create", POOL, "--type", "process")
     _cli(loop, f"{BIN}/prefect", "--no-prompt", "deploy", "--all")
     [deployment] = [d for d in _api(loop, "/deployments/filter") if d["name"] == DEPLOYMENT]
     assert deployment["concurrency_options"]["collision_strategy"] == "ENQUEUE"
-    automations = _api(loop, "/automations/filter")
-    assert any(a["trigger"].get("expect") == ["trainlib.data.arrived"] for a in automations), automations
+    [automation] = [a for a in _api(loop, "/automations/filter") if a["trigger"].get("expect") == [EVENT]]
+    _shrink_triggered_runs(loop, automation)
 
-    notify = [sys.executable, "-m", "flows.notify_data", loop["source"]]
-    assert "emitted trainlib.data.arrived" in _cli(loop, *notify)
-    assert "unchanged" in _cli(loop, *notify)  # the same digest again: no second event
     with open(loop["root"] / "worker.log", "ab") as log:
         worker = subprocess.Popen(
             [f"{BIN}/prefect", "worker", "start", "--pool", POOL],
@@ -244,20 +250,62 @@ def test_data_events_trigger_deployment_runs_and_a_burst_queues(loop):
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    notify = [sys.executable, "-m", "flows.notify_data", loop["source"]]
     try:
-        [first] = _wait_for_completed_runs(loop, deployment["id"], 1, worker)
-        assert first["state_type"] == "COMPLETED" and first["parameters"]["params"]["data"] == loop["source"]
-        assert first["state"]["message"].startswith("no new data since"), first["state"]
-        assert not _task_runs_under(loop, first["id"])  # nothing started on Ray
-
         # A burst: two events at once, two runs; the deployment's limit of 1 makes the second wait for the first.
+        # Nothing arrived since the champion's snapshot: each ends in seconds, nothing started on Ray. (Before the new
+        # batch: after it, a run skips only when the triggered version became champion, which is the gates' call.)
         for _ in range(2):
             assert "emitted" in _cli(loop, *notify, "--always")
-        runs = _wait_for_completed_runs(loop, deployment["id"], 3, worker)
-        burst = [r for r in runs if r["id"] != first["id"]]
-        assert len(burst) == 2 and {r["state_type"] for r in burst} == {"COMPLETED"}
+        burst = _wait_for_completed_runs(loop, deployment["id"], 2, worker)
+        for run in burst:
+            assert run["state_type"] == "COMPLETED" and run["parameters"]["params"]["data"] == loop["source"], run
+            assert run["state"]["message"].startswith(f"no new data since {champion_digest}"), run["state"]
+            assert not _task_runs_under(loop, run["id"])
         assert burst[0]["end_time"] <= burst[1]["start_time"], [(r["start_time"], r["end_time"]) for r in burst]
+
+        # A new arrival batch changes the digest: the event fires once, and its run trains and registers.
+        sys.path.insert(0, os.path.join(REPO_ROOT, "examples"))
+        from fashion_mnist_to_folder import write_folder
+
+        write_folder(FASHION_MNIST_MIRROR, os.path.join(loop["source"], "batch-001"), 60, 20, skip=400, test_skip=100)
+        assert "emitted trainlib.data.arrived" in _cli(loop, *notify)
+        assert "unchanged" in _cli(loop, *notify)  # the same digest again: no second event
+        [*_, triggered] = _wait_for_completed_runs(loop, deployment["id"], 3, worker)
+        assert triggered["state_type"] == "COMPLETED", triggered["state"]
+        assert "train" in {name.rsplit("-", 1)[0] for name in _task_runs_under(loop, triggered["id"])}
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
+
+    [version] = [v for v in client.search_model_versions(f"name = '{MODEL}'") if v.version not in versions_before]
+    assert version.tags["prefect.flow_run_id"] == triggered["id"]
+    snapshot = read_snapshot(version.tags["data.snapshot_uri"])
+    assert version.tags["data.digest"] == snapshot.digest != champion_digest
+    assert snapshot.digest == take_snapshot(loop["source"], cache_dir=loop["locations"]["data_cache_dir"]).digest
+    assert sum(1 for e in snapshot.entries if e.batch == "batch-001") == 80
+    assert version.tags["promotion_decision"] in ("promoted", "kept_champion"), version.tags
+
+
+def _shrink_triggered_runs(loop, automation: dict) -> None:
+    """Check that the deployment's trigger passes prefect.yaml's parameters, then make its runs small (one epoch of
+    the tutorial recipe on one worker) by updating the automation through the API, as an operator could;
+    prefect.yaml's production values stay as they are."""
+    [action] = automation["actions"]
+    assert action["type"] == "run-deployment" and action["parameters"]["params"]["epochs"] == 10, action
+    data = action["parameters"]["params"]["data"]
+    action["parameters"] = {
+        "params": {"data": data, "epochs": 1, "recipe": "tutorial", "batch_size": 64, "num_workers": 1}
+    }
+    fields = (
+        "name",
+        "description",
+        "enabled",
+        "tags",
+        "trigger",
+        "actions",
+        "actions_on_trigger",
+        "actions_on_resolve",
+    )
+    _api(loop, f"/automations/{automation['id']}", {k: automation[k] for k in fields}, method="PUT")

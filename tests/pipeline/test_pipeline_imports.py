@@ -19,7 +19,8 @@ def _modules_after(code: str) -> set[str]:
 def test_the_flow_module_a_logger_and_the_source_tags_do_not_import_mlflow_and_a_run_start_does():
     # Every Ray task process of the pipeline imports the flow's module (Prefect sends each task the flow run's
     # context) before its first task, the download; the flow process builds the run's tags before Ray starts; the
-    # train task builds its MLflowLogger before fit() asks for the actors.
+    # train task builds its MLflowLogger before fit() asks for the actors. The flow's module imports neither torch
+    # nor Ray either: a run that skips an unchanged week ends before the steps (flows.pipeline_steps) are imported.
     modules = _modules_after(
         "import flows.pipeline\n"
         "from tasks.domain.lineage import source_tags\n"
@@ -28,11 +29,24 @@ def test_the_flow_module_a_logger_and_the_source_tags_do_not_import_mlflow_and_a
         "tags = source_tags('flows.pipeline:training-pipeline')\n"
         "assert tags['mlflow.source.name'] == 'flows.pipeline:training-pipeline', tags"
     )
-    assert {"prefect", "torch", "trainlib", "tasks"} <= modules
-    assert "mlflow" not in modules
+    assert {"prefect", "trainlib", "tasks"} <= modules
+    assert not {"mlflow", "torch", "torchvision", "ray", "prefect_ray"} & modules, modules
 
     # The names whose modules need mlflow import it when first asked for.
     assert "mlflow" in _modules_after("from trainlib.mlflow import log_model, SpoolReplay")
+
+
+def test_ray_works_when_prefect_imported_prefect_ray_first():
+    # A worker's flow-run process imports prefect-ray at start-up (a Prefect collection), which imports Ray lazily;
+    # the task runner's module loads it whole before the lean start imports one of Ray's submodules.
+    modules = _modules_after(
+        "import prefect_ray\n"
+        "import flows.task_runner\n"
+        "from ray._private import utils\n"
+        "import ray\n"
+        "assert not ray.is_initialized()"
+    )
+    assert "ray" in modules
 
 
 _FIT_WITH_A_LOGGER = """
