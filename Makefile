@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv run tutorial lint test test-fast bench clean
+.PHONY: venv run tutorial lint test test-fast test-long bench clean
 
 venv: $(VENV)/.installed
 
@@ -31,12 +31,17 @@ TEST_WORKERS ?= 3
 test: venv
 	$(BIN)/pytest -q -p no:cacheprovider $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
-# Lint, format check (ruff) and the import rules between trainlib, tasks and flows (import-linter), all configured
-# in pyproject.toml; CI runs it before the tests.
+# The long tier: end-to-end checks of over a minute each (marked `long`; tests/conftest.py leaves them out of
+# `make test`): the `ray start` cluster, the killed and retried deployment run and the Prefect UI, MLflow outages, ...
+test-long: venv
+	$(BIN)/pytest -q -p no:cacheprovider -m long $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+
 # The unit tier alone: no Ray, servers or subprocesses, in under a minute (tests/conftest.py sets the tiers by folder).
 test-fast: venv
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
+# Lint, format check (ruff) and the import rules between trainlib, tasks and flows (import-linter), all configured
+# in pyproject.toml; CI runs it before the tests.
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -29,7 +29,7 @@ from tracking.mlflow_helpers import MlflowServer
 import trainlib
 from trainlib.torch import TorchTrainer
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.long]
 
 NO_NAMESPACES = can_hide_code()
 if NO_NAMESPACES:

@@ -227,6 +227,7 @@ def _kill_during_epoch_2(services, flow_run_id: str, run_folder) -> list[int]:
     return killed_during
 
 
+@pytest.mark.long
 @needs_data
 @pytest.mark.timeout(900)
 def test_main_command_and_a_killed_then_retried_deployment_run_share_one_registry(deployed):
@@ -467,6 +468,7 @@ def test_failed_run_notifies_the_webhook_and_emits_training_failed(services, ray
 # -- the Prefect UI ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.long  # reads the run of the long test above
 @pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed: apt-get install -y chromium")
 def test_flow_run_page_shows_task_runs_and_artifacts(services):
     from playwright.sync_api import sync_playwright

@@ -71,6 +71,7 @@ def streaming_train_func(config):
         )
 
 
+@pytest.mark.long
 def test_a_100k_row_dataset_streams_into_two_workers_with_disjoint_shards(ray_session, storage_path, tmp_path):
     import ray
     from ray.data import ExecutionOptions, ExecutionResources

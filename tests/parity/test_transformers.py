@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from conftest import REPO_ROOT, run_script
 
 EXAMPLE = os.path.join(REPO_ROOT, "examples", "transformers_text_classifier.py")
@@ -53,6 +54,7 @@ def test_example_is_ray_trains_with_imports_changed():
     assert "trainlib.huggingface.transformers.prepare_trainer(trainer)" in body
 
 
+@pytest.mark.long
 def test_transformers_example_runs_on_two_workers(tmp_path):
     with open(EXAMPLE) as f:
         proc = run_script(tmp_path, f.read() + CHECK)

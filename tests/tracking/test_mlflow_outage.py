@@ -32,6 +32,7 @@ class StopServerAfter(trainlib.Callback):
             self.server.stop()
 
 
+@pytest.mark.long
 def test_server_killed_mid_run_training_finishes_spools_warns_and_replays(ray_session, storage_path, tmp_path, caplog):
     from mlflow import MlflowClient
 
@@ -133,6 +134,7 @@ def test_the_embedded_default_store_is_sqlite_and_mlartifacts_in_the_working_dir
     assert run.data.tags["trainlib.last_checkpoint"] == result.checkpoint.uri
 
 
+@pytest.mark.long
 def test_resuming_the_run_replays_its_spool_automatically(ray_session, storage_path, tmp_path):
     from mlflow import MlflowClient
 
