@@ -211,8 +211,8 @@ def report(args, rows, weeks) -> None:
         "",
         f"Sizes: week 0 {args.base} training + {args.base // 5} test images, each later week {args.weekly} + "
         f"{args.weekly // 5}; recipe tutorial, batch 64 per worker, 2 workers, {args.epochs} epochs from scratch; "
-        f"gates {GATES}. Machine: {machine['cores']} cores, load average after {machine['load_avg_after']} "
-        "(shared with other jobs).",
+        f"gates {GATES}. Machine: {machine['cores']} cores, load average after "
+        f"{', '.join(f'{x:.1f}' for x in machine['load_avg_after'])} (1, 5, 15 min).",
     ]
     write_results(args.out, "weekly", {"machine": machine, "weeks": rows, "warm_vs_scratch": weeks}, lines)
 
