@@ -9,7 +9,8 @@ process, so its time is end to end), warm from the champion after week 0, with t
 ``max_class_drop`` and ``min_accuracy`` on and the newest week's test slice reported:
 
 * week 0: the base set, from scratch;
-* week 1: a normal batch; also trained from scratch under another model name, for the warm/scratch timing;
+* week 1: a normal batch; also trained from scratch (3, 6 and 10 epochs, other model names): how long
+  training from scratch takes to the warm run's accuracy;
 * week 2: no new files;
 * week 3: drift, every image of the batch inverted (255 - pixel);
 * week 4: a normal batch with 2% of its files corrupt (random bytes named .png);
@@ -84,6 +85,12 @@ def main() -> None:
     parser.add_argument("--base", type=int, default=2000, help="training images of week 0")
     parser.add_argument("--weekly", type=int, default=500, help="training images of each later week")
     parser.add_argument("--epochs", type=int, default=3, help="epochs from scratch (warm: the fine-tuning share)")
+    parser.add_argument(
+        "--scratch-epochs",
+        type=lambda text: [int(x) for x in text.split(",")],
+        default=[3, 6, 10],
+        help="week 1 again from scratch with each of these epoch counts (comma-separated): the warm/scratch timing",
+    )
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"))
     args = parser.parse_args()
     mirror = os.path.abspath(args.mirror)
@@ -154,14 +161,25 @@ def main() -> None:
             }
             rows.append(row)
             print(row, flush=True)
-            if week == 1:  # the same data from scratch, under another name: the warm/scratch timing
-                started = time.perf_counter()
-                scratch = training_pipeline(PipelineParams(data=root, model_name=f"{MODEL}-scratch", **common))
+            if week == 1:  # the same data from scratch, under other names: how long scratch takes to the same accuracy
+                scratch = []
+                for epochs in args.scratch_epochs:
+                    started = time.perf_counter()
+                    params = PipelineParams(
+                        data=root, model_name=f"{MODEL}-scratch-{epochs}", **{**common, "epochs": epochs}
+                    )
+                    run = training_pipeline(params)
+                    scratch.append(
+                        {
+                            "epochs": epochs,
+                            "wall_s": time.perf_counter() - started,
+                            "fit_s": run.fit_seconds,
+                            "accuracy": run.test_accuracy,
+                        }
+                    )
                 weeks.append(
                     {
-                        "scratch_wall_s": time.perf_counter() - started,
-                        "scratch_fit_s": scratch.fit_seconds,
-                        "scratch_accuracy": scratch.test_accuracy,
+                        "scratch": scratch,
                         "warm_wall_s": wall,
                         "warm_fit_s": summary.fit_seconds,
                         "warm_accuracy": summary.test_accuracy,
@@ -191,21 +209,36 @@ def report(args, rows, weeks) -> None:
         )
     if weeks:
         w = weeks[0]
-        ratio = w["warm_fit_s"] / w["scratch_fit_s"] if w["scratch_fit_s"] else float("nan")
         lines += [
             "",
-            "Warm start against from scratch, week 1 (same data, same test images):",
+            "Warm start against from scratch, week 1 (same data, same test images; each scratch run its own schedule):",
             "",
-            "| run | fit() (s) | pipeline wall (s) | test accuracy | champion before (week 0) |",
-            "|---|---|---|---|---|",
-            f"| from scratch, {args.epochs} epochs | {w['scratch_fit_s']:.1f} | {w['scratch_wall_s']:.1f} "
-            f"| {pct(w['scratch_accuracy'])} | {pct(w['champion_accuracy'])} |",
-            f"| warm from the champion, fine-tuning schedule | {w['warm_fit_s']:.1f} | {w['warm_wall_s']:.1f} "
-            f"| {pct(w['warm_accuracy'])} | {pct(w['champion_accuracy'])} |",
-            "",
-            f"Warm fit() / scratch fit(): {ratio:.2f} (target <= 0.4, with the warm run at or above the champion's "
-            f"accuracy: {'yes' if w['warm_accuracy'] >= (w['champion_accuracy'] or 0) else 'no'}).",
+            "| run | fit() (s) | pipeline wall (s) | test accuracy |",
+            "|---|---|---|---|",
+            f"| warm from the champion (week 0, {pct(w['champion_accuracy'])}), fine-tuning schedule "
+            f"| {w['warm_fit_s']:.1f} | {w['warm_wall_s']:.1f} | {pct(w['warm_accuracy'])} |",
         ]
+        for run in w["scratch"]:
+            lines.append(
+                f"| from scratch, {run['epochs']} epochs | {run['fit_s']:.1f} | {run['wall_s']:.1f} "
+                f"| {pct(run['accuracy'])} |"
+            )
+        reached = [run for run in w["scratch"] if run["accuracy"] >= w["warm_accuracy"]]
+        if reached:
+            first = min(reached, key=lambda run: run["fit_s"])
+            ratio = w["warm_fit_s"] / first["fit_s"]
+            said = (
+                f"Warm fit() / the shortest scratch fit() reaching the warm run's accuracy ({first['epochs']} epochs): "
+                f"{ratio:.2f}"
+            )
+        else:
+            longest = max(w["scratch"], key=lambda run: run["fit_s"])
+            ratio = w["warm_fit_s"] / longest["fit_s"]
+            said = (
+                f"No scratch run reached the warm run's accuracy; warm fit() / the longest scratch fit() "
+                f"({longest['epochs']} epochs): {ratio:.2f}, an upper bound"
+            )
+        lines += ["", f"{said} (target <= 0.4: {'met' if ratio <= 0.4 else 'MISSED'})."]
     machine = {"cores": os.cpu_count(), "python": platform.python_version(), "load_avg_after": os.getloadavg()}
     lines += [
         "",
