@@ -9,7 +9,7 @@ process, so its time is end to end), warm from the champion after week 0, with t
 ``max_class_drop`` and ``min_accuracy`` on and the newest week's test slice reported:
 
 * week 0: the base set, from scratch;
-* week 1: a normal batch; also trained from scratch (3, 6 and 10 epochs, other model names): how long
+* week 1: a normal batch; also trained from scratch (3 to 6 epochs, other model names): how long
   training from scratch takes to the warm run's accuracy;
 * week 2: no new files;
 * week 3: drift, every image of the batch inverted (255 - pixel);
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument(
         "--scratch-epochs",
         type=lambda text: [int(x) for x in text.split(",")],
-        default=[3, 6, 10],
+        default=[3, 4, 5, 6],
         help="week 1 again from scratch with each of these epoch counts (comma-separated): the warm/scratch timing",
     )
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"))
@@ -238,7 +238,13 @@ def report(args, rows, weeks) -> None:
                 f"No scratch run reached the warm run's accuracy; warm fit() / the longest scratch fit() "
                 f"({longest['epochs']} epochs): {ratio:.2f}, an upper bound"
             )
-        lines += ["", f"{said} (target <= 0.4: {'met' if ratio <= 0.4 else 'MISSED'})."]
+        lines += [
+            "",
+            f"{said} (target <= 0.4: {'met' if ratio <= 0.4 else 'MISSED'}). Each run evaluates its best checkpoint "
+            "by validation accuracy, and the tutorial recipe's constant rate gives every scratch run the same first "
+            "epochs: runs past the best epoch report its accuracy. fit() times vary by about a quarter between runs "
+            "on this machine.",
+        ]
     machine = {"cores": os.cpu_count(), "python": platform.python_version(), "load_avg_after": os.getloadavg()}
     lines += [
         "",
