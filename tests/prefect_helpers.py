@@ -96,3 +96,12 @@ def prefect_api(api_url: str, path: str, body: dict | None = None, method: str =
     with urllib.request.urlopen(request, timeout=30) as response:
         answer = response.read()
         return json.loads(answer) if answer else None
+
+
+@contextlib.contextmanager
+def using_prefect_server(api_url: str):
+    """This process's flows and tasks report to the server at ``api_url`` for the block (no ephemeral server)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}):
+        yield

@@ -61,26 +61,23 @@ def moto_s3_env(bucket: str):
     from conftest import free_port
     from moto.server import ThreadedMotoServer
 
+    from tasks.domain.environ import environment
+
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    keys = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update(
-        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
-        AWS_ACCESS_KEY_ID=FAKE_ACCESS_KEY,
-        AWS_SECRET_ACCESS_KEY=FAKE_SECRET_KEY,
-        AWS_DEFAULT_REGION="us-east-1",
-    )
-    s3fs.S3FileSystem.clear_instance_cache()
+    endpoint = f"http://127.0.0.1:{port}"
+    fake_credentials = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     try:
-        s3fs.S3FileSystem().mkdir(bucket)
-        yield f"http://127.0.0.1:{port}"
+        with environment(fake_credentials):
+            s3fs.S3FileSystem.clear_instance_cache()
+            s3fs.S3FileSystem().mkdir(bucket)
+            yield endpoint
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         s3fs.S3FileSystem.clear_instance_cache()
         server.stop()

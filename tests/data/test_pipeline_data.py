@@ -42,7 +42,7 @@ from data_helpers import (
     write_shapes,
 )
 from model.model_helpers import mlflow_models_serve, post_invocations
-from prefect_helpers import PrefectServer, prefect_api
+from prefect_helpers import PrefectServer, prefect_api, using_prefect_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -67,14 +67,6 @@ def services(tmp_path_factory):
         server.stop()
 
 
-@contextlib.contextmanager
-def _prefect(services):
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: services["api_url"], PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}):
-        yield
-
-
 def _run(services, **params):
     from flows.params import PipelineParams
     from flows.pipeline import training_pipeline
@@ -85,7 +77,7 @@ def _run(services, **params):
         "mlflow_tracking_uri": services["mlflow_uri"],
         **SMALL,
     }
-    with _prefect(services):
+    with using_prefect_server(services["api_url"]):
         return training_pipeline(PipelineParams(**{**defaults, **params}), return_state=True)
 
 

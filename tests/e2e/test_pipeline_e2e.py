@@ -28,7 +28,7 @@ import time
 
 import pytest
 from conftest import FASHION_MNIST_MIRROR, REPO_ROOT, free_port
-from prefect_helpers import PrefectServer, prefect_api
+from prefect_helpers import PrefectServer, prefect_api, using_prefect_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -157,19 +157,11 @@ def _run_worker_once(services, timeout_s: float = 420) -> str:
         return f.read()[-6000:]
 
 
-@contextlib.contextmanager
-def _prefect_in_process(services):
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: services["api_url"], PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}):
-        yield
-
-
 def _run_flow_in_process(services, ray_session, **params):
     from flows.params import PipelineParams
     from flows.pipeline import training_pipeline
 
-    with _prefect_in_process(services):
+    with using_prefect_server(services["api_url"]):
         return training_pipeline(PipelineParams(**params), return_state=True)
 
 
@@ -426,7 +418,7 @@ def test_failed_run_notifies_the_webhook_and_emits_training_failed(services, ray
     thread = threading.Thread(target=receiver.serve_forever, daemon=True)
     thread.start()
     try:
-        with _prefect_in_process(services):
+        with using_prefect_server(services["api_url"]):
             block_id = save_webhook_block(f"http://127.0.0.1:{receiver.server_port}/alerts", allow_private_urls=True)
             configure_alerts(block_id)
         started = time.monotonic()
@@ -570,7 +562,7 @@ def test_the_last_tasks_log_lines_reach_the_server_before_ray_stops(services, tm
 def test_invalid_parameters_fail_before_any_task(services, ray_session, tmp_path, params, expected):
     from flows.pipeline import training_pipeline
 
-    with _prefect_in_process(services):  # a plain dict, as a deployment run passes it: Prefect validates it
+    with using_prefect_server(services["api_url"]):  # a plain dict, as a deployment run passes it: Prefect validates it
         state = training_pipeline(params={"storage_path": str(tmp_path), **params}, return_state=True)
     assert state.is_failed()
     for word in expected:

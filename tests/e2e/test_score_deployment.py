@@ -25,7 +25,7 @@ import pandas as pd
 import pytest
 from conftest import REPO_ROOT
 from model.model_helpers import encoded, needs_data, real_images, register_network, tiny_trained_network
-from prefect_helpers import PrefectServer
+from prefect_helpers import PrefectServer, using_prefect_server
 from tracking.mlflow_helpers import MlflowServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, needs_data]
@@ -130,11 +130,9 @@ def _pyfunc_labels(pixels) -> list[int]:
 
 
 def _run_in_process(services, ray_session, **params):
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, temporary_settings
-
     from flows.score import score_images
 
-    with temporary_settings({PREFECT_API_URL: services["api_url"], PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}):
+    with using_prefect_server(services["api_url"]):
         return score_images(
             {"mlflow_tracking_uri": services["mlflow_uri"], "model_name": MODEL_NAME, **params}, return_state=True
         )

@@ -43,6 +43,22 @@ def real_images(train: bool, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
     return load_fashion_mnist_split(FASHION_MNIST_DIR, train=train, limit=limit)
 
 
+def _fit(network: torch.nn.Module, pixels: torch.Tensor, labels: torch.Tensor, batch_size: int) -> torch.nn.Module:
+    """One pass of Adam over uint8 ``pixels`` (normalised as the registered model does) in ``batch_size`` steps."""
+    from tasks.domain.classifier_model import normalise
+    from tasks.domain.network import MEAN, STD
+
+    optimizer = torch.optim.Adam(network.parameters(), lr=2e-3)
+    network.train()
+    for start in range(0, len(pixels), batch_size):
+        x = normalise(pixels[start : start + batch_size], MEAN, STD)
+        loss = torch.nn.functional.cross_entropy(network(x), labels[start : start + batch_size])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return network.eval()
+
+
 def tiny_trained_network(
     steps: int = 8, batch_size: int = 64, seed: int = 0, architecture: str | None = None
 ) -> torch.nn.Module:
@@ -50,22 +66,12 @@ def tiny_trained_network(
 
     Trained just enough that its labels differ between images, so label comparisons mean something.
     """
-    from tasks.domain.classifier_model import normalise
     from tasks.domain.classifier_network import build_network
-    from tasks.domain.network import MEAN, STD
 
     torch.manual_seed(seed)
     images, labels = real_images(True, steps * batch_size)
     network = build_network(architecture=architecture or default_architecture())
-    optimizer = torch.optim.Adam(network.parameters(), lr=2e-3)
-    network.train()
-    for start in range(0, steps * batch_size, batch_size):
-        x = normalise(images[start : start + batch_size], MEAN, STD)
-        loss = torch.nn.functional.cross_entropy(network(x), labels[start : start + batch_size])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return network.eval()
+    return _fit(network, images, labels, batch_size)
 
 
 def dataset_identity():
@@ -129,25 +135,15 @@ def generated_rgb_images(n: int, height: int = 32, width: int = 32, seed: int = 
 def tiny_rgb_network(spec, steps: int = 6, batch_size: int = 32, seed: int = 0) -> torch.nn.Module:
     """The classifier's network for ``spec`` (RGB) after a few steps on :func:`generated_rgb_images`, fed through
     the preprocessing the registered model uses (``fit_to_spec``) from images of another size."""
-    from tasks.domain.classifier_model import normalise
     from tasks.domain.classifier_network import build_network
     from tasks.domain.image_preprocessing import fit_to_spec
-    from tasks.domain.network import MEAN, STD
 
     torch.manual_seed(seed)
     images, labels = generated_rgb_images(steps * batch_size, spec.height + 8, spec.width + 8, seed)
     pixels = fit_to_spec(torch.from_numpy(images).permute(0, 3, 1, 2), spec.channels, spec.height, spec.width)
     targets = torch.from_numpy(labels)
     network = build_network(spec.num_classes, default_architecture(), in_channels=spec.channels)
-    optimizer = torch.optim.Adam(network.parameters(), lr=2e-3)
-    network.train()
-    for start in range(0, len(pixels), batch_size):
-        x = normalise(pixels[start : start + batch_size], MEAN, STD)
-        loss = torch.nn.functional.cross_entropy(network(x), targets[start : start + batch_size])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return network.eval()
+    return _fit(network, pixels, targets, batch_size)
 
 
 def encoded(images, fmt: str = "PNG", size: tuple[int, int] | None = None) -> list[bytes]:

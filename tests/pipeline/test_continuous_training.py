@@ -26,7 +26,7 @@ import time
 
 import pytest
 from conftest import FASHION_MNIST_MIRROR, REPO_ROOT
-from prefect_helpers import PrefectServer, prefect_api
+from prefect_helpers import PrefectServer, prefect_api, using_prefect_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
@@ -79,20 +79,12 @@ def loop(tmp_path_factory):
         server.stop()
 
 
-@contextlib.contextmanager
-def _prefect(loop):
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, temporary_settings
-
-    with temporary_settings({PREFECT_API_URL: loop["api_url"], PREFECT_SERVER_ALLOW_EPHEMERAL_MODE: False}):
-        yield
-
-
 def _run(loop, **params):
     from flows.params import PipelineParams
     from flows.pipeline import training_pipeline
 
     small = {"num_workers": 2, "batch_size": 32, "recipe": "tutorial", "epochs": 1, "model_name": MODEL}
-    with _prefect(loop):
+    with using_prefect_server(loop["api_url"]):
         return training_pipeline(
             PipelineParams(data=loop["source"], **loop["locations"], **{**small, **params}), return_state=True
         )
@@ -119,7 +111,7 @@ def _task_runs_under(loop, flow_run_id: str) -> list[str]:
                 found += [t.name for t in runs]
             return found
 
-    with _prefect(loop):
+    with using_prefect_server(loop["api_url"]):
         return asyncio.run(names())
 
 

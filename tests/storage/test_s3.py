@@ -20,6 +20,7 @@ from conftest import free_port, start_session_ray
 from storage_helpers import expected_w, resumable_train_func
 
 import trainlib
+from tasks.domain.environ import environment
 from trainlib.torch import TorchTrainer
 
 pytestmark = pytest.mark.integration
@@ -61,33 +62,25 @@ def s3(tmp_path_factory):
 
     server = S3Server()
     server.start()
-    saved = {
-        k: os.environ.get(k)
-        for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    fake_credentials = {
+        "AWS_ENDPOINT_URL": server.endpoint,
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
     }
-    os.environ.update(
-        AWS_ENDPOINT_URL=server.endpoint,
-        AWS_ACCESS_KEY_ID=ACCESS_KEY,
-        AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-        AWS_DEFAULT_REGION="us-east-1",
-    )
     import s3fs
 
-    s3fs.S3FileSystem.clear_instance_cache()
-    s3fs.S3FileSystem().mkdir(BUCKET)
-    # The workers must inherit the environment: (re)start Ray after setting it.
-    was_running = ray.is_initialized()
-    if was_running:
+    with environment(fake_credentials):
+        s3fs.S3FileSystem.clear_instance_cache()
+        s3fs.S3FileSystem().mkdir(BUCKET)
+        # The workers must inherit the environment: (re)start Ray after setting it.
+        was_running = ray.is_initialized()
+        if was_running:
+            ray.shutdown()
+        start_session_ray()
+        logs_dir = ray._private.worker._global_node.get_logs_dir_path()
+        yield server, logs_dir
         ray.shutdown()
-    start_session_ray()
-    logs_dir = ray._private.worker._global_node.get_logs_dir_path()
-    yield server, logs_dir
-    ray.shutdown()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
     s3fs.S3FileSystem.clear_instance_cache()
     if server.server is not None:
         server.stop()
